@@ -1,0 +1,87 @@
+"""The ``kvd`` command: one Typer app, each subcommand delegating to its package.
+
+Subcommand modules are imported lazily inside each command so that ``kvd --help`` and
+``kvd doctor`` stay fast and do not pull in optional dependencies (Textual, vLLM, Mooncake).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import typer
+
+from infera import __version__
+from infera.errors import KvdError
+
+app = typer.Typer(
+    name="kvd",
+    help="infera-kvd: a per-host KV-cache daemon for vLLM, and the tools around it.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def fail(err: KvdError) -> None:
+    """Print a KvdError as one line (plus its hint) on stderr and exit with its status."""
+    typer.echo(f"error: {err.message}", err=True)
+    if err.hint:
+        typer.echo(f"hint: {err.hint}", err=True)
+    raise typer.Exit(err.exit_code)
+
+
+def run_guarded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn`` turning KvdError into a one-line error and Ctrl-C into exit status 130."""
+    try:
+        return fn(*args, **kwargs)
+    except KvdError as err:
+        fail(err)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"kvd {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """infera-kvd command line."""
+
+
+def _register() -> None:
+    """Attach each package's commands. Each package keeps its own Typer surface in a `cli` module."""
+    from infera.kvd import cli as kvd_cli
+
+    kvd_cli.register(app)
+    for modname in ("infera.doctor.cli", "infera.launch.cli", "infera.tui.cli", "infera.bench.cli"):
+        try:
+            mod = __import__(modname, fromlist=["register"])
+        except ImportError as exc:  # a package that is not built yet must not break the others
+            if exc.name and modname.startswith(exc.name):
+                continue
+            raise
+        mod.register(app)
+
+
+_register()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KvdError as err:  # raised outside a guarded command
+        print(f"error: {err.message}", file=sys.stderr)
+        if err.hint:
+            print(f"hint: {err.hint}", file=sys.stderr)
+        sys.exit(err.exit_code)

@@ -1,0 +1,114 @@
+"""The shared-memory arena and its allocator.
+
+The daemon owns one memfd of ``--max-bytes`` and hands its descriptor to every client at HELLO.
+Regions are carved out of it by :class:`Allocator`, a best-fit allocator over free extents that
+coalesces neighbours on free. Every region starts on a 4 KiB boundary, so a chunk in the arena
+can be the target of an O_DIRECT read, and same-size chunks never fragment the arena: the hole a
+freed chunk leaves is exactly the size of the next one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+
+ALIGN = 4096
+
+
+def align_up(n: int, align: int = ALIGN) -> int:
+    return (n + align - 1) // align * align
+
+
+class Allocator:
+    """Best-fit allocator over ``[0, capacity)`` in ALIGN units.
+
+    Free extents are kept twice: by offset (for coalescing) and by (size, offset) (for best fit).
+    Both are sorted lists maintained with bisect; allocation and free are O(log n) searches plus
+    a list insert, which stays cheap for the hundred-thousand-chunk scale the daemon targets.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity - capacity % ALIGN
+        self._offs: list[int] = []
+        self._size_at: dict[int, int] = {}
+        self._by_size: list[tuple[int, int]] = []
+        self.used = 0
+        if self.capacity > 0:
+            self._add_free(0, self.capacity)
+
+    def _add_free(self, off: int, size: int) -> None:
+        bisect.insort(self._offs, off)
+        self._size_at[off] = size
+        bisect.insort(self._by_size, (size, off))
+
+    def _remove_free(self, off: int) -> int:
+        size = self._size_at.pop(off)
+        i = bisect.bisect_left(self._offs, off)
+        del self._offs[i]
+        j = bisect.bisect_left(self._by_size, (size, off))
+        del self._by_size[j]
+        return size
+
+    def alloc(self, nbytes: int) -> int | None:
+        """Return the offset of a fresh region of ``align_up(nbytes)`` bytes, or None if none fits."""
+        size = align_up(max(nbytes, 1))
+        i = bisect.bisect_left(self._by_size, (size, -1))
+        if i == len(self._by_size):
+            return None
+        fsize, off = self._by_size[i]
+        self._remove_free(off)
+        if fsize > size:
+            self._add_free(off + size, fsize - size)
+        self.used += size
+        return off
+
+    def free(self, off: int, nbytes: int) -> None:
+        """Return a region obtained from :meth:`alloc` with the same ``nbytes``."""
+        size = align_up(max(nbytes, 1))
+        self.used -= size
+        i = bisect.bisect_left(self._offs, off)
+        # merge with the following extent
+        if i < len(self._offs) and self._offs[i] == off + size:
+            size += self._remove_free(off + size)
+        # merge with the preceding extent
+        if i > 0:
+            prev = self._offs[i - 1]
+            psize = self._size_at[prev]
+            if prev + psize == off:
+                self._remove_free(prev)
+                off, size = prev, psize + size
+        self._add_free(off, size)
+
+    @property
+    def free_bytes(self) -> int:
+        return self.capacity - self.used
+
+    @property
+    def largest_free(self) -> int:
+        return self._by_size[-1][0] if self._by_size else 0
+
+    @property
+    def extents(self) -> int:
+        return len(self._offs)
+
+
+class Arena:
+    """A memfd of ``capacity`` bytes, mapped read-write in this process."""
+
+    def __init__(self, capacity: int, name: str = "infera-kvd-arena") -> None:
+        self.capacity = capacity - capacity % ALIGN
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, self.capacity)
+        self.map = mmap.mmap(self.fd, self.capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.view = memoryview(self.map)
+
+    def close(self) -> None:
+        self.view.release()
+        self.map.close()
+        os.close(self.fd)
+
+
+def map_arena(fd: int, size: int) -> mmap.mmap:
+    """Map an arena received from the daemon (client side)."""
+    return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)

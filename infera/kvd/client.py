@@ -1,0 +1,418 @@
+"""``KvdClient``: the library engines, tools and users' scripts use to talk to a kvd daemon.
+
+Reads and writes go through the shared arena: a ``put`` reserves a region, copies the bytes into
+the mapped arena and seals it; a ``get`` leases a region, copies it out and releases the lease
+(the release rides along without waiting for a reply, so a read costs one round trip).
+
+The client is thread-safe (one lock around each request) and raises only :class:`KvdClientError`
+subclasses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import socket
+import sys
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from infera.errors import KvdError
+from infera.kvd import protocol as P
+from infera.kvd.arena import map_arena
+from infera.kvd.config import default_socket_path
+
+Buffer = bytes | bytearray | memoryview
+
+
+class KvdClientError(KvdError):
+    """Base of every error the client raises."""
+
+
+class KvdUnavailable(KvdClientError):
+    """The daemon cannot be reached (not running, wrong socket, connection lost)."""
+
+
+class KvdRefused(KvdClientError):
+    """The daemon refused this process (its uid is not allowed)."""
+
+
+class KvdProtocolError(KvdClientError):
+    """The daemon answered with something this client does not understand, or a typed error."""
+
+    def __init__(self, message: str, code: str = "bad_request", hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.code = code
+
+
+class KvdFull(KvdClientError):
+    """The arena cannot hold the chunk even after evicting everything evictable."""
+
+
+class KvdUnsupported(KvdProtocolError):
+    """The daemon does not offer this feature in its current configuration."""
+
+
+def _err(reply: dict[str, Any]) -> KvdClientError:
+    code = reply.get("error", "internal")
+    message = reply.get("message", code)
+    if code == "refused":
+        return KvdRefused(message, hint="start the daemon with --allow-uid for this user")
+    if code in ("full", "too_large"):
+        return KvdFull(message)
+    if code == "unsupported":
+        return KvdUnsupported(message, code)
+    return KvdProtocolError(message, code)
+
+
+class KvdClient:
+    """A connection to one kvd daemon.
+
+    ``namespace`` scopes every key: two clients with different namespaces never see each other's
+    chunks. ``model``, ``role`` and ``hash_settings`` are declared at HELLO so the daemon (and
+    ``kvd stat``, ``kvd top``, ``kvd doctor``) can say who is connected and whether engines of one
+    model agree on hashing.
+    """
+
+    def __init__(
+        self,
+        socket_path: str | os.PathLike[str] | None = None,
+        *,
+        namespace: str = "",
+        name: str | None = None,
+        role: str = "client",
+        model: str | None = None,
+        hash_settings: dict[str, Any] | None = None,
+        hash_fingerprint: str | None = None,
+        chunk_tokens: int | None = None,
+        want_arena: bool = True,
+        timeout: float | None = 30.0,
+    ) -> None:
+        self.socket_path = os.fspath(socket_path) if socket_path is not None else default_socket_path()
+        self.namespace = namespace
+        self._lock = threading.Lock()
+        self._next_id = 1
+        self._reader = P.FrameReader()
+        self._pending: list[bytes] = []
+        self._map: mmap.mmap | None = None
+        self._view: memoryview | None = None
+        self._sock: socket.socket | None = None
+        self.arena_size = 0
+        self.server_version = ""
+        self.long_tier: str | None = None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(self.socket_path)
+        except FileNotFoundError:
+            sock.close()
+            raise KvdUnavailable(
+                f"no kvd daemon at {self.socket_path} (socket file not found)",
+                hint="start one with `kvd serve --socket PATH`, or set INFERA_KVD_SOCKET",
+            ) from None
+        except OSError as exc:
+            sock.close()
+            raise KvdUnavailable(
+                f"cannot connect to kvd at {self.socket_path}: {exc.strerror or exc}",
+                hint="is the daemon running? `kvd stat --socket PATH` checks",
+            ) from None
+        self._sock = sock
+        hello: dict[str, Any] = {
+            "op": "HELLO",
+            "versions": [P.PROTOCOL_VERSION],
+            "name": name or os.path.basename(sys.argv[0] or "python"),
+            "pid": os.getpid(),
+            "namespace": namespace,
+            "role": role,
+            "want_arena": want_arena,
+        }
+        for field, value in (
+            ("model", model),
+            ("hash_settings", hash_settings),
+            ("hash_fingerprint", hash_fingerprint),
+            ("chunk_tokens", chunk_tokens),
+        ):
+            if value is not None:
+                hello[field] = value
+        try:
+            reply, fds = self._call(hello, want_fds=True)
+        except BaseException:
+            self.close()
+            raise
+        if not reply.get("ok"):
+            self.close()
+            raise _err(reply)
+        self.arena_size = int(reply["arena_size"])
+        self.server_version = str(reply.get("server_version", ""))
+        self.long_tier = reply.get("long_tier")
+        self.client_id = int(reply.get("client_id", 0))
+        if want_arena:
+            if not fds:
+                self.close()
+                raise KvdProtocolError("daemon did not pass the arena descriptor at HELLO")
+            try:
+                self._map = map_arena(fds[0], self.arena_size)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            self._view = memoryview(self._map)
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _recv_frame(self, want_fds: bool) -> tuple[dict[str, Any], list[int]]:
+        sock = self._sock
+        if sock is None:
+            raise KvdUnavailable("client is closed")
+        fds: list[int] = []
+        while not self._pending:
+            try:
+                if want_fds:
+                    data, got, _flags, _addr = socket.recv_fds(sock, 1 << 16, 4)
+                    fds.extend(got)
+                else:
+                    data = sock.recv(1 << 16)
+            except TimeoutError:
+                raise KvdUnavailable(f"kvd at {self.socket_path} did not answer in time") from None
+            except OSError as exc:
+                raise KvdUnavailable(f"connection to kvd lost: {exc.strerror or exc}") from None
+            if not data:
+                raise KvdUnavailable(f"kvd at {self.socket_path} closed the connection")
+            try:
+                self._pending.extend(self._reader.feed(data))
+            except P.FrameTooLarge as exc:
+                raise KvdProtocolError(str(exc)) from None
+        body = self._pending.pop(0)
+        try:
+            msg = P.decode_body(body)
+        except Exception:
+            raise KvdProtocolError("daemon sent a frame that is not valid msgpack") from None
+        if not isinstance(msg, dict):
+            raise KvdProtocolError("daemon sent a reply that is not a map")
+        return msg, fds
+
+    def _call(self, msg: dict[str, Any], want_fds: bool = False) -> tuple[dict[str, Any], list[int]]:
+        rid = self._next_id
+        self._next_id += 1
+        msg["id"] = rid
+        try:
+            self._send(msg)
+        except KvdUnavailable as lost:
+            # The daemon may have said why before closing (e.g. uid refused): prefer its words.
+            try:
+                return self._recv_frame(want_fds)
+            except KvdClientError:
+                raise lost from None
+        while True:
+            reply, fds = self._recv_frame(want_fds)
+            if reply.get("id") == rid or reply.get("id") == 0:
+                return reply, fds
+            for fd in fds:  # a stray reply: never expected, never leak descriptors
+                os.close(fd)
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        if self._sock is None:
+            raise KvdUnavailable("client is closed")
+        try:
+            self._sock.sendall(P.encode(msg))
+        except OSError as exc:
+            raise KvdUnavailable(f"connection to kvd lost: {exc.strerror or exc}") from None
+
+    def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Send one request and return its reply map; typed errors become exceptions."""
+        with self._lock:
+            reply, _ = self._call({"op": op, **fields})
+        if not reply.get("ok"):
+            raise _err(reply)
+        return reply
+
+    def notify(self, op: str, **fields: Any) -> None:
+        """Send a request that gets no reply (RELEASE, REPORT)."""
+        with self._lock:
+            self._send({"op": op, "noreply": True, **fields})
+
+    @property
+    def arena(self) -> memoryview:
+        if self._view is None:
+            raise KvdClientError("this client was opened with want_arena=False")
+        return self._view
+
+    # -- public API -------------------------------------------------------------------------
+    def put(self, key: bytes, data: Buffer, retention: str = "long", overwrite: bool = False) -> bool:
+        """Store ``data`` under ``key``. Returns False when nothing was stored (``none``
+        retention, or the key is already present / being written and ``overwrite`` is False).
+        Raises KvdFull when the arena cannot make room."""
+        return self.put_many([(key, data)], retention=retention, overwrite=overwrite)[0]
+
+    def put_many(
+        self, items: Sequence[tuple[bytes, Buffer]], retention: str = "long", overwrite: bool = False
+    ) -> list[bool]:
+        """Store several chunks with two round trips in all (reserve, then seal)."""
+        if retention not in P.RETENTION_CODE:
+            raise ValueError(f"retention must be one of {', '.join(P.RETENTIONS)} (got {retention!r})")
+        keys = [P.check_key(k) for k, _ in items]
+        views = [memoryview(d).cast("B") for _, d in items]
+        reply = self.request(
+            "PUT", keys=keys, lengths=[v.nbytes for v in views], retention=retention, overwrite=overwrite
+        )
+        slots = reply.get("slots", [])
+        arena = self.arena
+        tokens: list[int] = []
+        stored: list[bool] = []
+        full_error: str | None = None
+        for slot, view in zip(slots, views, strict=True):
+            if isinstance(slot, list):
+                token, off = slot
+                arena[off : off + view.nbytes] = view
+                tokens.append(token)
+                stored.append(True)
+            else:
+                if slot in ("full", "too_large"):
+                    full_error = slot
+                stored.append(False)
+        if tokens:
+            self.request("SEAL", tokens=tokens)
+        if full_error is not None and not any(stored):
+            raise KvdFull(
+                "the kvd arena is full (every chunk is leased or held)"
+                if full_error == "full"
+                else "the chunk is larger than the whole kvd arena",
+                hint="raise --max-bytes, or release leases",
+            )
+        return stored
+
+    def reserve(
+        self, keys: Sequence[bytes], lengths: Sequence[int], retention: str = "long", overwrite: bool = False
+    ) -> list[tuple[int, int] | str]:
+        """Low-level: reserve regions; each slot is ``(token, offset)`` or a reason string.
+        Fill ``client.arena[offset:offset+length]`` and then :meth:`seal` the tokens."""
+        reply = self.request(
+            "PUT",
+            keys=[P.check_key(k) for k in keys],
+            lengths=list(lengths),
+            retention=retention,
+            overwrite=overwrite,
+        )
+        return [tuple(s) if isinstance(s, list) else s for s in reply["slots"]]  # type: ignore[misc]
+
+    def seal(self, tokens: Sequence[int], wait: bool = True) -> None:
+        if not tokens:
+            return
+        if wait:
+            self.request("SEAL", tokens=list(tokens))
+        else:
+            self.notify("SEAL", tokens=list(tokens))
+
+    def abort(self, tokens: Sequence[int]) -> None:
+        if tokens:
+            self.notify("ABORT", tokens=list(tokens))
+
+    def get(self, key: bytes) -> bytes | None:
+        """Return a copy of the chunk stored under ``key``, or None."""
+        return self.get_many([key])[0]
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        leases = self.lease([P.check_key(k) for k in keys])
+        arena = self.arena
+        out: list[bytes | None] = []
+        tokens: list[int] = []
+        for item in leases:
+            if item is None:
+                out.append(None)
+                continue
+            token, off, length = item
+            out.append(bytes(arena[off : off + length]))
+            tokens.append(token)
+        self.release(tokens)
+        return out
+
+    def get_into(self, key: bytes, buffer: Buffer) -> int | None:
+        """Copy the chunk under ``key`` into ``buffer`` (no intermediate copy). Returns the
+        number of bytes written, or None on a miss. A buffer smaller than the chunk is a
+        ValueError (nothing is written)."""
+        target = memoryview(buffer).cast("B")
+        if target.readonly:
+            raise ValueError("get_into needs a writable buffer")
+        (item,) = self.lease([P.check_key(key)])
+        if item is None:
+            return None
+        token, off, length = item
+        try:
+            if length > target.nbytes:
+                raise ValueError(f"buffer of {target.nbytes} bytes is too small for a {length}-byte chunk")
+            target[:length] = self.arena[off : off + length]
+        finally:
+            self.release([token])
+        return length
+
+    def lease(self, keys: Sequence[bytes]) -> list[tuple[int, int, int] | None]:
+        """Low-level: lease chunks; each item is ``(lease, offset, length)`` or None. The region
+        stays valid until :meth:`release`."""
+        reply = self.request("GET", keys=list(keys))
+        return [tuple(i) if i is not None else None for i in reply["items"]]  # type: ignore[misc]
+
+    def release(self, leases: Iterable[int]) -> None:
+        tokens = list(leases)
+        if tokens:
+            self.notify("RELEASE", leases=tokens)
+
+    def lookup(self, keys: Sequence[bytes], hold_ms: int = 0) -> int:
+        """How many of ``keys`` are present, counting from the first (stops at the first miss).
+        ``hold_ms`` protects the found chunks from eviction for that long."""
+        if not keys:
+            return 0
+        reply = self.request("LOOKUP", keys=[P.check_key(k) for k in keys], hold_ms=hold_ms)
+        return int(reply["count"])
+
+    def delete(self, keys: Sequence[bytes]) -> int:
+        if not keys:
+            return 0
+        return int(self.request("DELETE", keys=[P.check_key(k) for k in keys])["deleted"])
+
+    def prewarm(self, keys: Sequence[bytes]) -> int:
+        """Ask the daemon to pull these chunks from the long tier into RAM in the background."""
+        return int(self.request("PREWARM", keys=[P.check_key(k) for k in keys])["queued"])
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.request("STATS")["stats"])
+
+    def ping(self) -> bool:
+        return bool(self.request("PING").get("pong"))
+
+    def report(self, **report: Any) -> None:
+        """Tell the daemon which data path this client uses, any fallback and its own counters."""
+        self.notify("REPORT", report=report)
+
+    def close(self) -> None:
+        view, self._view = self._view, None
+        if view is not None:
+            with contextlib.suppress(BufferError):
+                view.release()
+        mapped, self._map = self._map, None
+        if mapped is not None:
+            with contextlib.suppress(BufferError):
+                mapped.close()
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+    def __enter__(self) -> KvdClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+__all__ = [
+    "KvdClient",
+    "KvdClientError",
+    "KvdFull",
+    "KvdProtocolError",
+    "KvdRefused",
+    "KvdUnavailable",
+    "KvdUnsupported",
+]

@@ -1,0 +1,112 @@
+"""The kvd wire protocol: length-prefixed msgpack frames over a Unix stream socket.
+
+A frame is a 4-byte big-endian length followed by that many bytes of msgpack encoding one map.
+Requests carry ``op`` and ``id``; replies echo ``id`` and carry ``ok`` plus either the result
+fields or ``error`` (a code from :data:`ERROR_CODES`) and ``message``. A request with
+``noreply: true`` gets no reply (used for RELEASE, so a read costs one round trip).
+
+Payload bytes never travel on the socket: they live in the shared-memory arena, whose file
+descriptor the daemon passes at HELLO with SCM_RIGHTS. The full description is docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+MIN_PROTOCOL_VERSION = 1
+HEADER = struct.Struct(">I")
+MAX_FRAME = 16 << 20
+MAX_KEY_LEN = 64
+MAX_BATCH = 65536
+
+OPS = (
+    "HELLO",
+    "PUT",
+    "SEAL",
+    "ABORT",
+    "GET",
+    "RELEASE",
+    "LOOKUP",
+    "DELETE",
+    "STATS",
+    "PREWARM",
+    "REPORT",
+    "PING",
+)
+
+# Typed error codes a reply may carry.
+ERROR_CODES = (
+    "bad_request",  # malformed message, wrong types, bad key
+    "unknown_op",
+    "version",  # no common protocol version
+    "refused",  # peer uid not allowed
+    "full",  # arena cannot hold the chunk even after eviction
+    "busy",  # another writer holds a reservation for this key
+    "exists",  # key already sealed (PUT without overwrite)
+    "not_found",
+    "unsupported",  # feature not enabled on this daemon (e.g. PREWARM without a long tier)
+    "too_large",
+    "internal",
+)
+
+RETENTIONS = ("none", "ephemeral", "short", "long")
+RETENTION_CODE = {name: i for i, name in enumerate(RETENTIONS)}
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    """Encode one message as a complete frame (header + body)."""
+    body = msgpack.packb(msg, use_bin_type=True)
+    return HEADER.pack(len(body)) + body
+
+
+def decode_body(body: bytes | memoryview) -> Any:
+    """Decode one frame body; raises ValueError (or a msgpack error) on garbage."""
+    return msgpack.unpackb(body, raw=False, strict_map_key=False)
+
+
+class FrameTooLarge(Exception):
+    """A peer announced a frame above the cap; the stream cannot be trusted any more."""
+
+
+class FrameReader:
+    """Incremental splitter of a byte stream into frame bodies."""
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self._buf = bytearray()
+        self._max = max_frame
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Append ``data``; return every complete frame body now available."""
+        self._buf += data
+        out: list[bytes] = []
+        buf = self._buf
+        pos = 0
+        n = len(buf)
+        while n - pos >= 4:
+            (length,) = HEADER.unpack_from(buf, pos)
+            if length > self._max:
+                raise FrameTooLarge(f"frame of {length} bytes exceeds the {self._max}-byte cap")
+            if n - pos - 4 < length:
+                break
+            out.append(bytes(buf[pos + 4 : pos + 4 + length]))
+            pos += 4 + length
+        if pos:
+            del buf[:pos]
+        return out
+
+    @property
+    def pending(self) -> int:
+        return len(self._buf)
+
+
+def check_key(key: Any) -> bytes:
+    """Return ``key`` if it is a valid chunk key (1 to 64 bytes), else raise ValueError."""
+    if not isinstance(key, bytes | bytearray):
+        raise ValueError(f"key must be bytes, not {type(key).__name__}")
+    if not 1 <= len(key) <= MAX_KEY_LEN:
+        raise ValueError(f"key must be 1 to {MAX_KEY_LEN} bytes long (got {len(key)})")
+    return bytes(key)

