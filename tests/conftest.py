@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import Daemon  # noqa: E402
+from helpers import Daemon
 
 
 @pytest.fixture

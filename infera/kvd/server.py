@@ -482,7 +482,9 @@ class Server:
     @staticmethod
     def _ints(msg: dict[str, Any], field: str) -> list[int]:
         vals = msg.get(field)
-        if not isinstance(vals, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+        if not isinstance(vals, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in vals
+        ):
             raise BadRequest(f"{field!r} must be a list of integers")
         if len(vals) > P.MAX_BATCH:
             raise BadRequest(f"at most {P.MAX_BATCH} items per request")
