@@ -1,0 +1,1 @@
+"""Benchmarks (`kvd bench ...`). Each prints a ratio against a baseline measured in the same run."""
