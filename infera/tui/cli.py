@@ -1,0 +1,46 @@
+"""``kvd top``: the command line around :class:`infera.tui.app.TopApp`.
+
+Textual is the optional extra ``tui``; it is imported only when the command runs, so ``kvd --help``
+stays fast and a base install says how to get it instead of failing with an ImportError.
+"""
+
+from __future__ import annotations
+
+import typer
+
+INSTALL_HINT = "install the extra: pip install 'infera-kvd[tui]'"
+
+
+def top(
+    socket: str = typer.Option(
+        None, "--socket", help="Daemon socket [default: $INFERA_KVD_SOCKET, else the per-user runtime path]."
+    ),
+    interval: float = typer.Option(1.0, "--interval", help="Seconds between refreshes (0.1 to 3600)."),
+) -> None:
+    """Live dashboard of a running daemon: hit ratio, rates, fill, clients, warnings (q quits, ? helps)."""
+    from infera.cli import run_guarded
+
+    code = run_guarded(run_top, socket, interval)
+    raise typer.Exit(code or 0)
+
+
+def run_top(socket: str | None, interval: float) -> int:
+    """Check the arguments, then run the dashboard until the user quits. Returns the exit status."""
+    from infera.errors import KvdError, UsageError
+    from infera.kvd.config import default_socket_path
+
+    if not 0.1 <= interval <= 3600:
+        raise UsageError(f"--interval: {interval:g} is out of range", hint="use between 0.1 and 3600 seconds")
+    try:
+        import textual  # noqa: F401
+    except ImportError:
+        raise KvdError("kvd top needs Textual, which is not installed", hint=INSTALL_HINT) from None
+    from infera.tui.app import TopApp
+
+    app = TopApp(socket or default_socket_path(), interval)
+    result = app.run()
+    return int(result or 0)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("top")(top)

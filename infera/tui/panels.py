@@ -1,0 +1,335 @@
+"""Rich renderables for each part of the ``kvd top`` screen, built from one STATS reply.
+
+Every function takes the STATS map as the daemon sent it and tolerates missing fields: only the
+core counters are guaranteed, and the long tier's section grows as backends gain features, so a
+field that is absent is simply not shown (never an exception). Counters are shown exactly, with
+thousands separators, so what is on screen can be checked against ``kvd stat --json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from infera.kvd.sizes import format_size
+from infera.tui.model import Sample, fill, format_count, format_duration, ratio, sort_clients
+
+L4_BACKENDS = ("mooncake", "lmcache")
+STATE_STYLE = {
+    "ready": "bold green",
+    "loading": "bold yellow",
+    "degraded": "bold red",
+    "disconnected": "bold red",
+}
+LONG_KNOWN = {
+    "backend",
+    "state",
+    "chunks",
+    "bytes_used",
+    "capacity",
+    "hits",
+    "misses",
+    "bytes_read",
+    "bytes_written",
+    "corrupt_chunks",
+    "failed_writes",
+    "dropped_writes",
+    "queued_writes",
+    "index_load_s",
+    "last_error",
+    "evictions",
+}
+CLIENT_COLUMNS = (
+    "pid",
+    "name",
+    "role",
+    "namespace",
+    "model",
+    "hash",
+    "data path",
+    "requests",
+    "leases",
+    "up",
+)
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def long_tier(stats: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    tiers = _map(stats.get("tiers"))
+    long = tiers.get("long")
+    return long if isinstance(long, Mapping) else None
+
+
+def pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def bar(fraction: float | None, width: int) -> Text:
+    """A horizontal fill bar ``width`` cells wide, green, then yellow past 80 %, red past 95 %."""
+    if fraction is None:
+        return Text("─" * width, style="dim")
+    cells = fraction * width
+    full = int(cells)
+    part = _EIGHTHS[int((cells - full) * 8)] if full < width else ""
+    style = "green" if fraction < 0.8 else "yellow" if fraction < 0.95 else "red"
+    used = "█" * full + part.strip()
+    out = Text(used, style=style)
+    out.append("░" * (width - len(used)), style="grey50")
+    return out
+
+
+def status_line(
+    stats: Mapping[str, Any] | None,
+    socket: str,
+    *,
+    connected: bool,
+    reason: str = "",
+    paused: bool = False,
+    interval: float = 1.0,
+    last_seen: str = "",
+) -> Text:
+    """The top line: where we are looking and whether the numbers below are live."""
+    out = Text()
+    if paused:
+        out.append(" PAUSED ", style="bold black on yellow")
+        out.append(" ")
+    if connected:
+        out.append(" live ", style="bold black on green")
+    else:
+        out.append(" DISCONNECTED ", style="bold white on red")
+        out.append(f" {reason or 'no daemon'}; retrying every {interval:g}s", style="red")
+        if last_seen:
+            out.append(f"; numbers below are from {last_seen}", style="red")
+        out.append(" ")
+    out.append(f" {socket}", style="bold")
+    if stats:
+        out.append(f"  kvd {stats.get('version', '?')}  pid {stats.get('pid', '?')}")
+        out.append(f"  up {format_duration(stats.get('uptime_s', 0))}")
+        out.append(f"  clients {format_count(stats.get('clients_connected', len(stats.get('clients', []))))}")
+    return out
+
+
+def cache_table(stats: Mapping[str, Any], sample: Sample | None) -> Table:
+    """Hits, misses and hit ratio overall and per tier, with the main request counters."""
+    t = Table.grid(padding=(0, 2))
+    t.add_column("tier", style="bold")
+    t.add_column("hits", justify="right")
+    t.add_column("misses", justify="right")
+    t.add_column("hit ratio", justify="right")
+    t.add_row("", Text("hits", style="dim"), Text("misses", style="dim"), Text("hit ratio", style="dim"))
+    hits, misses = stats.get("hits_total", 0), stats.get("misses_total", 0)
+    t.add_row("all", format_count(hits), format_count(misses), Text(pct(ratio(hits, misses)), style="bold"))
+    tiers = _map(stats.get("tiers"))
+    for name in ("ram", "long"):
+        tier = tiers.get(name)
+        if isinstance(tier, Mapping):
+            h, m = tier.get("hits", 0), tier.get("misses", 0)
+            t.add_row(name, format_count(h), format_count(m), pct(ratio(h, m)))
+    recent = sample.recent_hit_ratio if sample else None
+    t.add_row(Text("recent", style="dim"), "", "", Text(pct(recent), style="dim"))
+    t.add_row("", "", "", "")
+    t.add_row(
+        "gets", format_count(stats.get("gets_total", 0)), "sets", format_count(stats.get("sets_total", 0))
+    )
+    t.add_row(
+        "lookups",
+        format_count(stats.get("lookups_total", 0)),
+        "keys found",
+        pct(ratio(stats.get("lookup_hit_keys_total", 0), _missed_lookup_keys(stats))),
+    )
+    t.add_row(
+        "chunks", format_count(stats.get("chunks", 0)), "deletes", format_count(stats.get("deletes_total", 0))
+    )
+    return t
+
+
+def _missed_lookup_keys(stats: Mapping[str, Any]) -> int:
+    keys, found = stats.get("lookup_keys_total", 0), stats.get("lookup_hit_keys_total", 0)
+    if isinstance(keys, int) and isinstance(found, int):
+        return max(0, keys - found)
+    return 0
+
+
+def capacity_text(stats: Mapping[str, Any], width: int = 30) -> Text:
+    """Fill bars for the RAM arena and, when there is one, the long tier."""
+    out = Text()
+    used, cap = stats.get("arena_bytes_used", 0), stats.get("arena_bytes_capacity", 0)
+    frac = fill(used, cap)
+    out.append("arena ", style="bold")
+    out.append(bar(frac, width))
+    out.append(f" {pct(frac):>6}  {format_size(used)} of {format_size(cap)}")
+    long = long_tier(stats)
+    if long is not None:
+        lused, lcap = long.get("bytes_used", 0), long.get("capacity", 0)
+        lfrac = fill(lused, lcap)
+        out.append("\nlong  ", style="bold")
+        out.append(bar(lfrac, width))
+        total = f" of {format_size(lcap)}" if fill(lused, lcap) is not None else " (no capacity limit)"
+        out.append(f" {pct(lfrac):>6}  {format_size(_num(lused))}{total}")
+    return out
+
+
+def _num(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+def health_table(stats: Mapping[str, Any]) -> Table:
+    """Counters that mean data was lost or refused; non-zero ones that signal trouble are coloured."""
+    long = long_tier(stats) or {}
+    rows: list[tuple[str, Any, str]] = [
+        ("evictions", stats.get("evictions_total", 0), ""),
+        ("expired", stats.get("expired_total", 0), ""),
+        ("puts refused", stats.get("put_rejected_total", 0), "yellow"),
+    ]
+    if long:
+        rows += [
+            ("corrupt chunks", long.get("corrupt_chunks", 0), "bold red"),
+            ("failed writes", long.get("failed_writes", 0), "bold red"),
+            ("dropped writes", long.get("dropped_writes", 0), "yellow"),
+            ("queued writes", long.get("queued_writes", 0), ""),
+        ]
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column(justify="right")
+    t.add_column(style="bold")
+    t.add_column(justify="right")
+    cells: list[Text | str] = []
+    for label, value, alert in rows:
+        cells.append(label)
+        cells.append(Text(format_count(value), style=alert if alert and _num(value) > 0 else ""))
+    while len(cells) % 4:
+        cells.append("")
+    for i in range(0, len(cells), 4):
+        t.add_row(*cells[i : i + 4])
+    return t
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return format_count(value)
+    return str(value)
+
+
+def long_extras(long: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Fields of the long tier beyond the known ones (latencies, error counts, endpoints...),
+    flattened one level, so backends can add numbers without a TUI change."""
+    out: list[tuple[str, str]] = []
+    for key in sorted(long):
+        if key in LONG_KNOWN:
+            continue
+        value = long[key]
+        if isinstance(value, Mapping):
+            for sub in sorted(value):
+                if not isinstance(value[sub], Mapping | list):
+                    out.append((f"{key}.{sub}", _scalar(value[sub])))
+        elif value is not None and not isinstance(value, list):
+            out.append((key, _scalar(value)))
+    return out
+
+
+def long_table(stats: Mapping[str, Any]) -> Table | Text:
+    """State of the long tier (L3 disk or L4 mooncake / lmcache) and whatever it reports."""
+    long = long_tier(stats)
+    if long is None:
+        return Text("no long tier: RAM only (start kvd with --long-path or --long-backend)", style="dim")
+    backend = str(long.get("backend") or stats.get("long_backend") or "?")
+    state = str(long.get("state") or "unknown")
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column()
+    level = "L4" if backend in L4_BACKENDS else "L3"
+    t.add_row("backend", f"{backend} ({level})")
+    t.add_row("state", Text(state, style=STATE_STYLE.get(state, "bold")))
+    t.add_row("chunks", format_count(long.get("chunks", 0)))
+    t.add_row(
+        "read / written",
+        f"{format_size(_num(long.get('bytes_read')))} / {format_size(_num(long.get('bytes_written')))}",
+    )
+    if isinstance(long.get("index_load_s"), int | float):
+        t.add_row("index load", f"{long['index_load_s']:.2f} s")
+    for key, value in long_extras(long):
+        t.add_row(key, value)
+    if long.get("last_error"):
+        t.add_row("last error", Text(str(long["last_error"]), style="red"))
+    return t
+
+
+def client_cells(client: Mapping[str, Any]) -> list[Text]:
+    """One row of the client table; a fallback row is highlighted and says why it fell back."""
+    fallback = bool(client.get("fallback"))
+    path = str(client.get("data_path") or "arena")
+    if fallback:
+        path += f" FALLBACK: {client.get('fallback_reason') or 'no reason given'}"
+    values = [
+        str(client.get("pid", "")),
+        str(client.get("name") or ""),
+        str(client.get("role") or ""),
+        str(client.get("namespace") or "-"),
+        str(client.get("model") or ""),
+        str(client.get("hash_fingerprint") or "")[:12],
+        path,
+        format_count(client.get("requests", 0)),
+        format_count(client.get("leases", 0)),
+        format_duration(client.get("connected_s", 0)),
+    ]
+    style = "bold yellow" if fallback else ""
+    return [Text(v, style=style) for v in values]
+
+
+def client_rows(stats: Mapping[str, Any], sort: str) -> list[tuple[str, list[Text]]]:
+    """(row key, cells) for every client, in the order of ``sort``."""
+    clients = [c for c in stats.get("clients", []) if isinstance(c, Mapping)]
+    return [(str(c.get("id", c.get("pid"))), client_cells(c)) for c in sort_clients(clients, sort)]
+
+
+def warning_lines(stats: Mapping[str, Any]) -> list[str]:
+    """The daemon's own warnings, then one line per client that fell back to a slower path."""
+    out = [str(w) for w in stats.get("warnings", []) or []]
+    for c in stats.get("clients", []):
+        if isinstance(c, Mapping) and c.get("fallback"):
+            out.append(
+                f"pid {c.get('pid')} ({c.get('name') or '?'}) fell back to {c.get('data_path') or '?'}: "
+                f"{c.get('fallback_reason') or 'no reason given'}"
+            )
+    long = long_tier(stats)
+    if long is not None and long.get("state") in ("degraded", "disconnected"):
+        out.append(
+            f"long tier {long.get('backend', '?')} is {long.get('state')}: {long.get('last_error') or ''}"
+        )
+    return out
+
+
+def warnings_text(stats: Mapping[str, Any]) -> Text:
+    lines = warning_lines(stats)
+    if not lines:
+        return Text("no warnings", style="green")
+    out = Text()
+    for i, line in enumerate(lines):
+        if i:
+            out.append("\n")
+        out.append("⚠ ", style="bold yellow")
+        out.append(line)
+    return out
+
+
+__all__ = [
+    "CLIENT_COLUMNS",
+    "bar",
+    "cache_table",
+    "capacity_text",
+    "client_rows",
+    "health_table",
+    "long_table",
+    "status_line",
+    "warning_lines",
+    "warnings_text",
+]
