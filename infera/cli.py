@@ -7,12 +7,10 @@ Subcommand modules are imported lazily inside each command so that ``kvd --help`
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from typing import Any
-
 import typer
 
 from infera import __version__
+from infera.clikit import fail, run_guarded
 from infera.errors import KvdError
 
 app = typer.Typer(
@@ -23,24 +21,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-
-
-def fail(err: KvdError) -> None:
-    """Print a KvdError as one line (plus its hint) on stderr and exit with its status."""
-    typer.echo(f"error: {err.message}", err=True)
-    if err.hint:
-        typer.echo(f"hint: {err.hint}", err=True)
-    raise typer.Exit(err.exit_code)
-
-
-def run_guarded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call ``fn`` turning KvdError into a one-line error and Ctrl-C into exit status 130."""
-    try:
-        return fn(*args, **kwargs)
-    except KvdError as err:
-        fail(err)
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
 
 
 def _version_callback(value: bool) -> None:
@@ -75,6 +55,8 @@ def _register() -> None:
 
 _register()
 
+__all__ = ["app", "fail", "main", "run_guarded"]
+
 
 def main() -> None:
     """Console-script entry point."""
@@ -85,3 +67,7 @@ def main() -> None:
         if err.hint:
             print(f"hint: {err.hint}", file=sys.stderr)
         sys.exit(err.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -19,7 +19,7 @@ def arena(
 ) -> None:
     """The RAM tier through the daemon vs memcpy; LOOKUP/GET latency; daemon memory per 100k chunks."""
     from infera.bench.arena import run_arena_bench
-    from infera.cli import run_guarded
+    from infera.clikit import run_guarded
 
     run_guarded(run_arena_bench, chunk_size=chunk_size, rounds=rounds, json_out=json_out, index_chunks=index_chunks)
 

@@ -34,7 +34,7 @@ def serve(
     ),
 ) -> None:
     """Run the per-host kvd daemon."""
-    from infera.cli import run_guarded
+    from infera.clikit import run_guarded
     from infera.kvd.config import build_config
     from infera.kvd.daemon import run_daemon
     from infera.kvd.tiers import SUPPORTED
@@ -79,7 +79,7 @@ def demo(
 ) -> None:
     """Start a daemon on a temporary socket, write and read synthetic KV chunks from a second
     process, and show what happened."""
-    from infera.cli import run_guarded
+    from infera.clikit import run_guarded
     from infera.kvd.demo import run_demo
 
     raise typer.Exit(run_guarded(run_demo, chunks=chunks, chunk_size=chunk_size, keep=keep_socket))
