@@ -21,7 +21,9 @@ def arena(
     from infera.bench.arena import run_arena_bench
     from infera.clikit import run_guarded
 
-    run_guarded(run_arena_bench, chunk_size=chunk_size, rounds=rounds, json_out=json_out, index_chunks=index_chunks)
+    run_guarded(
+        run_arena_bench, chunk_size=chunk_size, rounds=rounds, json_out=json_out, index_chunks=index_chunks
+    )
 
 
 def register(app: typer.Typer) -> None:

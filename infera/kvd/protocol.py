@@ -79,7 +79,7 @@ class FrameReader:
         self._buf = bytearray()
         self._max = max_frame
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes | memoryview) -> list[bytes]:
         """Append ``data``; return every complete frame body now available."""
         self._buf += data
         out: list[bytes] = []

@@ -219,6 +219,28 @@ class Store:
             return None
         return chunk
 
+    def count_present(self, ikeys: list[bytes], hold_s: float = 0.0) -> tuple[int, int]:
+        """LOOKUP's hot loop: how many of ``ikeys`` are in RAM counting from the first.
+
+        Found chunks are touched (and held for ``hold_s``). Returns ``(count, stop)`` where
+        ``stop`` is the index of the first key not in RAM (== count), so a long tier can continue
+        the count from there."""
+        index = self.index
+        lrus = self.lru
+        now = self.clock()
+        hold_until = now + hold_s
+        n = 0
+        for ikey in ikeys:
+            chunk = index.get(ikey)
+            if chunk is None or (chunk.retention == EPHEMERAL and chunk.expires <= now):
+                break
+            chunk.last_access = now
+            lrus[chunk.retention].move_to_end(ikey)
+            if hold_s and chunk.hold_until < hold_until:
+                chunk.hold_until = hold_until
+            n += 1
+        return n, n
+
     def touch(self, chunk: Chunk) -> None:
         chunk.last_access = self.clock()
         lru = self.lru[chunk.retention]

@@ -1,0 +1,452 @@
+"""The long tier's chunk file: a self-describing, checksummed file per chunk.
+
+One file holds one chunk: a 4 KiB header, then the payload at offset 4096, so the payload starts
+on a page boundary and can be read with O_DIRECT, cuFile or hipFile straight into aligned memory.
+The header is enough to validate the file without asking the daemon: magic, format version,
+checksum algorithm, namespace digest, key, payload length and payload checksum, itself protected
+by a header checksum. docs/chunk-format.md is the reference; this module is the implementation
+the daemon, the benchmarks and (later) the connector's GPU-direct path share.
+
+Where a chunk lives is a pure function of (namespace, key)::
+
+    <root>/v1/<ns16>/<fan>/<keyhex>.kvcache
+
+``ns16`` is the first 8 bytes (16 hex digits) of the namespace digest, ``fan`` is one byte of a
+digest of the key (256 subdirectories per namespace), ``keyhex`` the key in lowercase hex. A
+writer creates the file under a temporary name starting with ``.`` in the same directory and
+renames it into place, so a reader never sees a partial file under a chunk name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import struct
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+try:  # xxhash is a base dependency; the fallback only keeps a broken install readable
+    import xxhash
+
+    _xxh3_64: Callable[[Any], int] | None = xxhash.xxh3_64_intdigest
+except ImportError:  # pragma: no cover - exercised only without the wheel
+    _xxh3_64 = None
+
+MAGIC = b"KVDCHUNK"
+FORMAT_VERSION = 1
+HEADER_SIZE = 4096
+EXT = ".kvcache"
+VERSION_DIR = f"v{FORMAT_VERSION}"
+NAMESPACE_FILE = "namespace"
+QUARANTINE_DIR = "quarantine"
+TMP_SUFFIX = ".tmp"
+
+# Checksum algorithm ids. 0 is never valid; ids are never reused for another algorithm.
+ALGO_XXH3_64 = 1  # xxHash XXH3, 64-bit, seed 0 (default: ~20 GB/s on one core)
+ALGO_CRC32 = 2  # zlib CRC-32 (ISO-HDLC); needs nothing outside the standard library
+ALGO_NAMES = {ALGO_XXH3_64: "xxh3-64", ALGO_CRC32: "crc32"}
+
+# magic, version, header size, algo, retention, flags, payload length, payload checksum (16 bytes,
+# little-endian, zero padded), created (ns since the epoch), namespace digest, key length, key,
+# namespace text length; the namespace text follows; the header checksum sits in the last 8 bytes.
+_FIXED = struct.Struct("<8sHHHBBQ16sQ32sB64sH")
+_HCHECK = struct.Struct("<Q")
+HCHECK_OFFSET = HEADER_SIZE - _HCHECK.size
+NS_TEXT_MAX = HCHECK_OFFSET - _FIXED.size
+FLAG_NS_TRUNCATED = 1
+MAX_KEY = 64
+
+Buffer = bytes | bytearray | memoryview
+
+
+class ChunkFileError(Exception):
+    """A chunk file that cannot be used. ``corrupt`` says whether it should be quarantined."""
+
+    corrupt = True
+
+
+class CorruptChunk(ChunkFileError):
+    """Truncated, checksum mismatch, wrong key: the bytes cannot be trusted."""
+
+
+class OtherVersion(ChunkFileError):
+    """A well-formed file of another format version or checksum algorithm: leave it alone."""
+
+    corrupt = False
+
+
+class SizeChanged(ChunkFileError):
+    """The file is not the size the caller expected (rewritten meanwhile): not corrupt."""
+
+    corrupt = False
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"file is now {size} bytes")
+        self.size = size
+
+
+def default_algo() -> int:
+    return ALGO_XXH3_64 if _xxh3_64 is not None else ALGO_CRC32
+
+
+def checksum(algo: int, data: Buffer) -> int:
+    """The payload checksum of ``data`` under algorithm ``algo`` (raises OtherVersion if unknown)."""
+    if algo == ALGO_XXH3_64 and _xxh3_64 is not None:
+        return _xxh3_64(data)
+    if algo == ALGO_CRC32:
+        return zlib.crc32(data)
+    raise OtherVersion(f"unknown checksum algorithm id {algo}")
+
+
+# -- naming ---------------------------------------------------------------------------------
+def ns_digest(namespace: str) -> bytes:
+    """The 32-byte namespace digest stored in headers (BLAKE2b-256 of the UTF-8 text)."""
+    return hashlib.blake2b(namespace.encode(), digest_size=32).digest()
+
+
+def ns_dirname(digest: bytes) -> str:
+    return digest[:8].hex()
+
+
+def fan_dirname(key: bytes) -> str:
+    return hashlib.blake2b(key, digest_size=1).hexdigest()
+
+
+def file_name(key: bytes) -> str:
+    return key.hex() + EXT
+
+
+def relpath(digest: bytes, key: bytes) -> str:
+    """Path of a chunk file under the tier root, from the namespace digest and the key."""
+    return os.path.join(VERSION_DIR, ns_dirname(digest), fan_dirname(key), file_name(key))
+
+
+def chunk_path(root: str, namespace: str, key: bytes) -> str:
+    """Where the chunk (namespace, key) lives under ``root``: no daemon needed to find it."""
+    return os.path.join(root, relpath(ns_digest(namespace), key))
+
+
+def key_from_name(name: str) -> bytes | None:
+    """The key encoded in a chunk file name, or None for anything else (temp files included)."""
+    if not name.endswith(EXT) or name.startswith("."):
+        return None
+    stem = name[: -len(EXT)]
+    if not stem or len(stem) > 2 * MAX_KEY:
+        return None
+    try:
+        return bytes.fromhex(stem)
+    except ValueError:
+        return None
+
+
+def is_temp_name(name: str) -> bool:
+    return name.startswith(".") and name.endswith(TMP_SUFFIX)
+
+
+# -- header ---------------------------------------------------------------------------------
+@dataclass
+class ChunkHeader:
+    key: bytes
+    namespace_digest: bytes
+    payload_length: int
+    payload_checksum: int
+    algo: int = ALGO_XXH3_64
+    retention: int = 3  # protocol code of "long"
+    created_ns: int = 0
+    namespace: str = ""
+    flags: int = 0
+    version: int = FORMAT_VERSION
+
+    def pack(self) -> bytes:
+        """The 4096-byte header, header checksum included."""
+        if not 1 <= len(self.key) <= MAX_KEY:
+            raise ValueError("chunk keys are 1 to 64 bytes")
+        text = self.namespace.encode()
+        flags = self.flags & ~FLAG_NS_TRUNCATED
+        if len(text) > NS_TEXT_MAX:
+            text = text[:NS_TEXT_MAX].decode(errors="ignore").encode()
+            flags |= FLAG_NS_TRUNCATED
+        buf = bytearray(HEADER_SIZE)
+        _FIXED.pack_into(
+            buf,
+            0,
+            MAGIC,
+            self.version,
+            HEADER_SIZE,
+            self.algo,
+            self.retention,
+            flags,
+            self.payload_length,
+            self.payload_checksum.to_bytes(16, "little"),
+            self.created_ns,
+            self.namespace_digest,
+            len(self.key),
+            self.key,
+            len(text),
+        )
+        buf[_FIXED.size : _FIXED.size + len(text)] = text
+        _HCHECK.pack_into(buf, HCHECK_OFFSET, checksum(self.algo, memoryview(buf)[:HCHECK_OFFSET]))
+        return bytes(buf)
+
+    @classmethod
+    def unpack(cls, buf: Buffer) -> ChunkHeader:
+        """Parse and validate a header (raises CorruptChunk or OtherVersion)."""
+        if len(buf) < HEADER_SIZE:
+            raise CorruptChunk(f"truncated header ({len(buf)} of {HEADER_SIZE} bytes)")
+        (magic, version, hsize, algo, retention, flags, plen, csum, created, digest, klen, key, tlen) = (
+            _FIXED.unpack_from(buf, 0)
+        )
+        if magic != MAGIC:
+            raise CorruptChunk("bad magic: not a kvd chunk file")
+        if version != FORMAT_VERSION:
+            raise OtherVersion(f"chunk format version {version} (this daemon reads {FORMAT_VERSION})")
+        if hsize != HEADER_SIZE:
+            raise CorruptChunk(f"header size {hsize} is not {HEADER_SIZE}")
+        (stored,) = _HCHECK.unpack_from(buf, HCHECK_OFFSET)
+        if checksum(algo, memoryview(buf)[:HCHECK_OFFSET]) != stored:
+            raise CorruptChunk("header checksum mismatch")
+        if not 1 <= klen <= MAX_KEY or tlen > NS_TEXT_MAX:
+            raise CorruptChunk("header fields out of range")
+        text = bytes(buf[_FIXED.size : _FIXED.size + tlen]).decode(errors="replace")
+        return cls(
+            key=key[:klen],
+            namespace_digest=digest,
+            payload_length=plen,
+            payload_checksum=int.from_bytes(csum, "little"),
+            algo=algo,
+            retention=retention,
+            created_ns=created,
+            namespace=text,
+            flags=flags,
+            version=version,
+        )
+
+
+def make_header(
+    namespace: str | bytes,
+    key: bytes,
+    payload: Buffer,
+    *,
+    retention: int = 3,
+    algo: int | None = None,
+    namespace_text: str = "",
+) -> ChunkHeader:
+    """Build the header for ``payload`` (computes its checksum). ``namespace`` is the text or
+    its precomputed 32-byte digest (then ``namespace_text`` is the text to record)."""
+    algo = default_algo() if algo is None else algo
+    if isinstance(namespace, str):
+        digest, text = ns_digest(namespace), namespace
+    else:
+        digest, text = namespace, namespace_text
+    return ChunkHeader(
+        key=key,
+        namespace_digest=digest,
+        payload_length=memoryview(payload).nbytes,
+        payload_checksum=checksum(algo, payload),
+        algo=algo,
+        retention=retention,
+        created_ns=time.time_ns(),
+        namespace=text,
+    )
+
+
+# -- writing --------------------------------------------------------------------------------
+_seq = itertools.count(1)
+
+
+def _write_all(fd: int, bufs: list[Buffer]) -> int:
+    views = [memoryview(b).cast("B") for b in bufs]
+    views = [v for v in views if v.nbytes]
+    pos = 0
+    while views:
+        n = os.pwritev(fd, views, pos)
+        if n <= 0:
+            raise OSError(5, "short write")
+        pos += n
+        while views and n >= views[0].nbytes:
+            n -= views[0].nbytes
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
+    return pos
+
+
+def ensure_dir(root: str, digest: bytes, key: bytes, namespace_text: str = "") -> str:
+    """Create the chunk's directory (and the namespace's ``namespace`` file) if missing."""
+    ns_dir = os.path.join(root, VERSION_DIR, ns_dirname(digest))
+    target = os.path.join(ns_dir, fan_dirname(key))
+    if not os.path.isdir(target):
+        os.makedirs(target, exist_ok=True)
+        info = os.path.join(ns_dir, NAMESPACE_FILE)
+        if namespace_text and not os.path.exists(info):
+            write_small_file(info, namespace_text.encode())
+    return target
+
+
+def write_small_file(path: str, data: bytes) -> None:
+    tmp = f"{path}.{os.getpid()}.{next(_seq)}{TMP_SUFFIX}"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def write_file(final: str, header: bytes, payload: Buffer, *, sync: str = "data") -> int:
+    """Write header + payload to ``final`` through a temporary name; returns the bytes written.
+
+    ``sync``: ``none`` (page cache only), ``data`` (fdatasync before the rename, so a name never
+    points at unwritten data), ``always`` (also fsync the directory after the rename, so the
+    chunk survives a power loss). On error the temporary file is removed and OSError raised."""
+    d, base = os.path.split(final)
+    tmp = os.path.join(d, f".{base}.{os.getpid()}.{next(_seq)}{TMP_SUFFIX}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        n = _write_all(fd, [header, payload])
+        if sync != "none":
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+        fd = -1
+        os.rename(tmp, final)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if sync == "always":
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    return n
+
+
+def write_chunk(
+    root: str,
+    namespace: str,
+    key: bytes,
+    payload: Buffer,
+    *,
+    retention: int = 3,
+    sync: str = "data",
+    algo: int | None = None,
+) -> str:
+    """Write one chunk file under ``root`` the way the daemon does; returns its path."""
+    header = make_header(namespace, key, payload, retention=retention, algo=algo)
+    digest = header.namespace_digest
+    ensure_dir(root, digest, key, namespace)
+    path = os.path.join(root, relpath(digest, key))
+    write_file(path, header.pack(), payload, sync=sync)
+    return path
+
+
+# -- reading --------------------------------------------------------------------------------
+def _read_all(fd: int, bufs: list[memoryview]) -> int:
+    views = [v for v in bufs if v.nbytes]
+    pos = 0
+    while views:
+        n = os.preadv(fd, views, pos)
+        if n <= 0:
+            break
+        pos += n
+        while views and n >= views[0].nbytes:
+            n -= views[0].nbytes
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
+    return pos
+
+
+def read_into(
+    path: str,
+    target: memoryview,
+    *,
+    digest: bytes | None = None,
+    key: bytes | None = None,
+    drop_cache: bool = True,
+) -> ChunkHeader:
+    """Read the chunk at ``path`` into ``target`` (exactly its payload length) and verify it.
+
+    Raises FileNotFoundError when the file is gone, SizeChanged when its size is not
+    ``HEADER_SIZE + len(target)``, CorruptChunk / OtherVersion when it cannot be trusted."""
+    want = target.nbytes
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        header_buf = bytearray(HEADER_SIZE)
+        if size < HEADER_SIZE:
+            got = _read_all(fd, [memoryview(header_buf)])
+            raise CorruptChunk(f"truncated file ({got} bytes, shorter than the header)")
+        if size != HEADER_SIZE + want:
+            _read_all(fd, [memoryview(header_buf)])
+            header = ChunkHeader.unpack(header_buf)
+            if header.payload_length != size - HEADER_SIZE:
+                raise CorruptChunk(
+                    f"truncated file ({size - HEADER_SIZE} of {header.payload_length} payload bytes)"
+                )
+            raise SizeChanged(size)
+        got = _read_all(fd, [memoryview(header_buf), target])
+        if drop_cache:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    header = ChunkHeader.unpack(header_buf)
+    if got < size:
+        raise CorruptChunk(f"file shrank while reading ({got} of {size} bytes)")
+    if header.payload_length != want:
+        raise CorruptChunk(f"header says {header.payload_length} payload bytes, file holds {want}")
+    if key is not None and header.key != key:
+        raise CorruptChunk("file holds another key than its name says")
+    if digest is not None and header.namespace_digest != digest:
+        raise CorruptChunk("file belongs to another namespace than its directory says")
+    if checksum(header.algo, target) != header.payload_checksum:
+        raise CorruptChunk(f"payload checksum mismatch ({ALGO_NAMES.get(header.algo, header.algo)})")
+    return header
+
+
+def read_chunk(path: str, *, digest: bytes | None = None, key: bytes | None = None) -> tuple[ChunkHeader, bytes]:
+    """Read and verify a whole chunk file; returns (header, payload). For tools and tests."""
+    size = os.stat(path).st_size
+    buf = bytearray(max(size - HEADER_SIZE, 0))
+    header = read_into(path, memoryview(buf), digest=digest, key=key, drop_cache=False)
+    return header, bytes(buf)
+
+
+def read_header(path: str) -> ChunkHeader:
+    """Parse and validate only the header of a chunk file (the payload is not checked)."""
+    with open(path, "rb") as fh:
+        return ChunkHeader.unpack(fh.read(HEADER_SIZE))
+
+
+__all__ = [
+    "ALGO_CRC32",
+    "ALGO_NAMES",
+    "ALGO_XXH3_64",
+    "EXT",
+    "FORMAT_VERSION",
+    "HEADER_SIZE",
+    "MAGIC",
+    "ChunkFileError",
+    "ChunkHeader",
+    "CorruptChunk",
+    "OtherVersion",
+    "SizeChanged",
+    "checksum",
+    "chunk_path",
+    "key_from_name",
+    "make_header",
+    "ns_digest",
+    "read_chunk",
+    "read_header",
+    "read_into",
+    "relpath",
+    "write_chunk",
+    "write_file",
+]

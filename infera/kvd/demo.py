@@ -1,0 +1,165 @@
+"""``kvd demo``: the main job on an embedded default, for a first look.
+
+It starts a daemon on a temporary socket, has one process write synthetic KV chunks through the
+client and a second, separate process read them back and check every byte, then shows the
+daemon's counters and cleans up. The chunk bytes are derived from the key, so the reader can
+verify them without being told what the writer wrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from infera.errors import KvdError
+from infera.kvd.sizes import format_size, parse_size
+
+
+def chunk_key(i: int) -> bytes:
+    return hashlib.blake2b(f"demo-prefix-{i}".encode(), digest_size=32).digest()
+
+
+def chunk_bytes(i: int, size: int) -> bytes:
+    """Deterministic pseudo-KV bytes for chunk ``i`` (a seeded stream, cheap to regenerate)."""
+    seed = hashlib.sha256(f"demo-kv-{i}".encode()).digest()
+    reps = size // len(seed) + 1
+    block = bytearray(seed * reps)[:size]
+    block[: min(8, size)] = i.to_bytes(8, "little")[: min(8, size)]
+    return bytes(block)
+
+
+def worker(role: str, sock: str, chunks: int, size: int) -> int:
+    """Body of the writer / reader processes; prints one JSON line of results."""
+    from infera.kvd.client import KvdClient
+
+    t0 = time.perf_counter()
+    out: dict[str, Any] = {"role": role, "pid": os.getpid()}
+    with KvdClient(sock, namespace="demo-model", name=f"demo-{role}", role=role, model="demo-model") as c:
+        if role == "writer":
+            stored = 0
+            for i in range(chunks):
+                stored += c.put(chunk_key(i), chunk_bytes(i, size))
+            out["stored"] = stored
+        else:
+            out["present_prefix"] = c.lookup([chunk_key(i) for i in range(chunks)])
+            ok = bad = missing = 0
+            buf = bytearray(size)
+            for i in range(chunks):
+                n = c.get_into(chunk_key(i), buf)
+                if n is None:
+                    missing += 1
+                elif n == size and buf == chunk_bytes(i, size):
+                    ok += 1
+                else:
+                    bad += 1
+            out.update(verified=ok, corrupt=bad, missing=missing)
+    out["seconds"] = round(time.perf_counter() - t0, 3)
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+def _run_worker(role: str, sock: str, chunks: int, size: int) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "infera.kvd.demo", role, sock, str(chunks), str(size)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if proc.returncode != 0:
+        raise KvdError(f"demo {role} process failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def run_demo(chunks: int, chunk_size: str, keep: bool = False) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from infera.kvd.client import KvdClient, KvdClientError
+
+    console = Console()
+    size = parse_size(chunk_size, "--chunk-size")
+    if chunks < 1 or size < 1:
+        raise KvdError("--chunks and --chunk-size must be positive")
+    arena = max(64 << 20, chunks * (size + 4096) * 2)
+    arena = (arena + (1 << 20) - 1) >> 20 << 20
+    tmp = tempfile.mkdtemp(prefix="kvd-demo-", dir="/tmp")
+    sock = os.path.join(tmp, "kvd.sock")
+    log_path = os.path.join(tmp, "daemon.log")
+    cmd = [sys.executable, "-m", "infera.kvd", "--socket", sock, "--max-bytes", f"{arena >> 20}M"]
+    console.print(f"[bold]1.[/] starting a kvd daemon: [cyan]python {' '.join(cmd[1:])}[/]")
+    log = open(log_path, "wb")  # noqa: SIM115 - closed in finally
+    daemon = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            if daemon.poll() is not None:
+                raise KvdError("the demo daemon exited: " + Path(log_path).read_text(errors="replace")[-400:])
+            try:
+                with KvdClient(sock, want_arena=False, timeout=2) as c:
+                    c.ping()
+                break
+            except KvdClientError:
+                if time.monotonic() > deadline:
+                    raise KvdError("the demo daemon did not come up in 20 s") from None
+                time.sleep(0.05)
+        console.print(f"   daemon pid {daemon.pid} serving on {sock} with a {format_size(arena)} RAM arena")
+        with console.status(f"[bold]2.[/] writer process storing {chunks} chunks of {format_size(size)}..."):
+            w = _run_worker("writer", sock, chunks, size)
+        console.print(
+            f"[bold]2.[/] writer (pid {w['pid']}) stored {w['stored']} chunks "
+            f"({format_size(w['stored'] * size)}) in {w['seconds']:.2f} s"
+        )
+        with console.status("[bold]3.[/] a separate reader process fetching and verifying..."):
+            r = _run_worker("reader", sock, chunks, size)
+        style = "green" if r["verified"] == chunks else "red"
+        console.print(
+            f"[bold]3.[/] reader (pid {r['pid']}): LOOKUP found {r['present_prefix']}/{chunks} in order; "
+            f"[{style}]{r['verified']} verified byte for byte[/], {r['corrupt']} corrupt, "
+            f"{r['missing']} missing ({r['seconds']:.2f} s)"
+        )
+        with KvdClient(sock, want_arena=False, name="kvd-demo", role="tool") as c:
+            st = c.stats()
+        table = Table(title="4. daemon counters (kvd stat)")
+        table.add_column("counter")
+        table.add_column("value", justify="right")
+        for key in ("sets_total", "gets_total", "hits_total", "misses_total", "evictions_total", "chunks"):
+            table.add_row(key, str(st[key]))
+        table.add_row(
+            "arena used",
+            f"{format_size(st['arena_bytes_used'])} of {format_size(st['arena_bytes_capacity'])}",
+        )
+        console.print(table)
+        ok = r["verified"] == chunks and st["misses_total"] == 0
+        if ok:
+            console.print(
+                "[green]demo passed:[/] every chunk written by one process was read intact by another."
+            )
+        else:
+            console.print("[red]demo found a problem[/]: see the counters above.")
+        if keep:
+            console.print(f"daemon left running (pid {daemon.pid}); try: kvd stat --socket {sock}")
+            return 0 if ok else 1
+        return 0 if ok else 1
+    finally:
+        if not keep:
+            daemon.terminate()
+            try:
+                daemon.wait(10)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+            shutil.rmtree(tmp, ignore_errors=True)
+            console.print("[bold]5.[/] daemon stopped and temporary files removed.")
+        log.close()
+
+
+if __name__ == "__main__":
+    role, sock_arg, n_arg, size_arg = sys.argv[1:5]
+    sys.exit(worker(role, sock_arg, int(n_arg), int(size_arg)))

@@ -1,0 +1,134 @@
+"""Rates from counter deltas, restarts, client order and tolerant panels (no Textual app needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from infera.tui import panels
+from infera.tui.model import SORT_ORDER, History, next_sort, sort_clients
+
+RECORDED = json.loads((Path(__file__).parent / "data" / "stats.json").read_text())
+
+
+def _stats(**counters: float) -> dict:
+    base = {"pid": 10, "uptime_s": 1.0, "gets_total": 0, "sets_total": 0, "hits_total": 0, "misses_total": 0}
+    return {**base, **counters}
+
+
+def _plain(renderable: object, width: int = 160) -> str:
+    console = Console(width=width, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_first_reply_gives_no_rate() -> None:
+    h = History(10)
+    assert h.add(_stats(gets_total=5), 0.0) is None
+    assert all(len(s) == 0 for s in h.series.values())
+
+
+def test_rates_are_deltas_over_elapsed_time() -> None:
+    h = History(10)
+    h.add(_stats(gets_total=10, sets_total=4, bytes_out_total=0, hits_total=5, misses_total=5), 0.0)
+    s = h.add(
+        _stats(
+            uptime_s=3.0, gets_total=30, sets_total=8, bytes_out_total=4096, hits_total=20, misses_total=10
+        ),
+        2.0,
+    )
+    assert s is not None
+    assert s.rates["gets"] == 10.0
+    assert s.rates["sets"] == 2.0
+    assert s.rates["read"] == 2048.0
+    assert s.recent_hit_ratio == 15 / 20
+    assert list(h.series["gets"]) == [10.0]
+
+
+def test_restart_starts_a_new_baseline_instead_of_a_negative_rate() -> None:
+    h = History(10)
+    h.add(_stats(gets_total=100), 0.0)
+    h.add(_stats(gets_total=110, uptime_s=2.0), 1.0)
+    assert h.add(_stats(pid=11, gets_total=3, uptime_s=0.5), 2.0) is None
+    assert h.restarts == 1
+    s = h.add(_stats(pid=11, gets_total=7, uptime_s=1.5), 3.0)
+    assert s is not None and s.rates["gets"] == 4.0
+    assert min(h.series["gets"]) >= 0
+
+
+def test_counter_going_down_on_same_pid_counts_as_restart() -> None:
+    h = History(10)
+    h.add(_stats(sets_total=50, uptime_s=5), 0.0)
+    assert h.add(_stats(sets_total=2, uptime_s=6), 1.0) is None
+    assert h.restarts == 1
+
+
+def test_history_keeps_only_the_window() -> None:
+    h = History.for_window(interval=1.0, window_s=5)
+    for i in range(20):
+        h.add(_stats(gets_total=i * i, uptime_s=i), float(i))
+    assert list(h.series["gets"]) == [float(2 * i - 1) for i in range(15, 20)]
+    assert h.span_s(1.0) == 5.0
+
+
+def test_sort_cycle_visits_every_order_and_wraps() -> None:
+    seen = [SORT_ORDER[0]]
+    for _ in SORT_ORDER:
+        seen.append(next_sort(seen[-1]))
+    assert seen[:-1] == list(SORT_ORDER) and seen[-1] == SORT_ORDER[0]
+
+
+def test_data_path_sort_puts_fallbacks_first_and_requests_sort_descends() -> None:
+    clients = RECORDED["clients"]
+    first = sort_clients(clients, "data path")[0]
+    assert first["fallback"] is True
+    reqs = [c["requests"] for c in sort_clients(clients, "requests")]
+    assert reqs == sorted(reqs, reverse=True)
+
+
+def test_fill_bar_width_and_colour_thresholds() -> None:
+    for frac in (0.0, 0.33, 0.5, 0.999, 1.0):
+        assert len(panels.bar(frac, 20).plain) == 20
+    assert panels.bar(0.97, 20).style == "red"
+    assert panels.bar(0.5, 20).style == "green"
+    assert panels.bar(0.85, 20).style == "yellow"
+    assert set(panels.bar(None, 5).plain) == {"─"}
+
+
+def test_panels_accept_an_empty_reply() -> None:
+    for render in (panels.capacity_text, panels.health_table, panels.long_table, panels.warnings_text):
+        assert _plain(render({}))
+    assert panels.client_rows({}, "pid") == []
+    assert "n/a" in _plain(panels.cache_table({}, None))
+
+
+def test_long_tier_with_only_backend_and_state_renders() -> None:
+    text = _plain(panels.long_table({"tiers": {"long": {"backend": "lmcache", "state": "loading"}}}))
+    assert "lmcache (L4)" in text and "loading" in text
+
+
+def test_long_tier_extra_fields_are_shown_flattened() -> None:
+    text = _plain(panels.long_table(RECORDED))
+    assert "latency_ms.get_p99" in text and "4.1" in text
+    assert "errors_total" in text and "endpoint" in text
+    assert "put timed out" in text
+
+
+def test_warnings_include_daemon_warnings_fallbacks_and_a_degraded_long_tier() -> None:
+    lines = panels.warning_lines(RECORDED)
+    assert lines[0] == RECORDED["warnings"][0]
+    assert any("fell back to posix" in line and "/dev/kfd" in line for line in lines)
+    assert any("mooncake is degraded" in line for line in lines)
+
+
+def test_fallback_rows_are_highlighted_and_say_why() -> None:
+    rows = dict(panels.client_rows(RECORDED, "pid"))
+    fallback = next(c for c in RECORDED["clients"] if c["fallback"])
+    cells = rows[str(fallback["id"])]
+    assert cells[6].plain == "posix (fallback)"
+    assert cells[-1].plain.startswith("GPU-direct unavailable")
+    assert all("yellow" in str(c.style) for c in cells)
+    normal = next(c for c in RECORDED["clients"] if not c["fallback"])
+    assert all(not c.style for c in rows[str(normal["id"])])
