@@ -7,6 +7,7 @@ Subcommand modules are imported lazily inside each command so that ``kvd --help`
 from __future__ import annotations
 
 import sys
+
 import typer
 
 from infera import __version__
