@@ -15,10 +15,10 @@ from typing import Any, ClassVar
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.reactive import reactive
-from textual.screen import ModalScreen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Sparkline, Static
 
 from infera.tui import panels
@@ -104,14 +104,16 @@ class TopApp(App[int]):
         Binding("s", "sort", "Sort clients"),
         Binding("question_mark", "help", "Help", key_display="?"),
     ]
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]  # noqa: RUF012 - typed by App
     CSS = """
-    #status { height: 1; background: $panel; }
+    #status { dock: top; height: 1; background: $panel; }
+    #body { height: 1fr; }
     .box { border: round $primary; padding: 0 1; }
     Screen.-stale .box { border: round $error; }
     #row1 { height: 12; }
     #cache { width: 52; height: 100%; }
-    #rates-note { height: 1; }
     #rates { width: 1fr; height: 100%; }
+    #rates-note { height: 1; }
     .rate { height: 2; }
     .rate-label { width: 30; }
     .rate Sparkline { width: 1fr; height: 2; }
@@ -121,6 +123,12 @@ class TopApp(App[int]):
     #long { width: 1fr; height: auto; min-height: 8; }
     #clients { height: 1fr; min-height: 8; }
     #warnings { height: auto; max-height: 8; }
+    Screen.-narrow #row1, Screen.-narrow #row2 { layout: vertical; height: auto; }
+    Screen.-narrow #cache, Screen.-narrow #rates, Screen.-narrow #left2, Screen.-narrow #long {
+        width: 100%; height: auto; min-height: 0;
+    }
+    Screen.-narrow .rate-label { width: 28; }
+    Screen.-narrow #clients { height: 14; }
     """
 
     paused: reactive[bool] = reactive(False)
@@ -156,6 +164,11 @@ class TopApp(App[int]):
     # -- layout -----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield Static(id="status")
+        with VerticalScroll(id="body"):
+            yield from self._compose_body()
+        yield Footer()
+
+    def _compose_body(self) -> ComposeResult:
         with Horizontal(id="row1"):
             yield Static(id="cache", classes="box")
             with Vertical(id="rates", classes="box"):
@@ -171,7 +184,11 @@ class TopApp(App[int]):
             yield Static(id="long", classes="box")
         yield DataTable(id="clients", classes="box", cursor_type="row", zebra_stripes=True)
         yield Static(id="warnings", classes="box")
-        yield Footer()
+
+    @property
+    def main(self) -> Screen[Any]:
+        """The dashboard screen (queries go here even while the help screen is on top)."""
+        return self.screen_stack[0]
 
     def on_mount(self) -> None:
         for wid, title in (
@@ -182,8 +199,8 @@ class TopApp(App[int]):
             ("long", "long tier"),
             ("warnings", "warnings"),
         ):
-            self.query_one(f"#{wid}").border_title = title
-        table = self.query_one("#clients", DataTable)
+            self.main.query_one(f"#{wid}").border_title = title
+        table = self.main.query_one("#clients", DataTable)
         for col in panels.CLIENT_COLUMNS:
             table.add_column(col, key=col)
         self._shown = True
@@ -240,7 +257,7 @@ class TopApp(App[int]):
         if self.connected or self.reason != message.reason:
             self.connected = False
             self.reason = message.reason
-            self.screen.add_class("-stale")
+            self.main.add_class("-stale")
             self.render_status()
 
     def on_unmount(self) -> None:
@@ -259,13 +276,13 @@ class TopApp(App[int]):
         self.connected = True
         self.reason = ""
         self.last_seen = time.strftime("%H:%M:%S")
-        self.screen.remove_class("-stale")
+        self.main.remove_class("-stale")
         if not was_connected and self.frames and self.poll:
             self.notify(f"connected to kvd pid {stats.get('pid', '?')}", timeout=3)
         self.render_all()
 
     def render_status(self) -> None:
-        self.query_one("#status", Static).update(
+        self.main.query_one("#status", Static).update(
             panels.status_line(
                 self.stats,
                 self.socket,
@@ -281,29 +298,29 @@ class TopApp(App[int]):
         self.frames += 1
         stats: Mapping[str, Any] = self.stats or {}
         self.render_status()
-        self.query_one("#cache", Static).update(panels.cache_table(stats, self.sample))
+        self.main.query_one("#cache", Static).update(panels.cache_table(stats, self.sample))
         rates = self.sample.rates if self.sample else {}
         for name, (_counter, label, is_bytes) in SERIES.items():
             series = list(self.history.series[name])
             value = format_rate(rates[name], is_bytes) if name in rates else "–"
             peak = format_rate(max(series), is_bytes) if series else "–"
-            self.query_one(f"#rate-{name}", Static).update(
+            self.main.query_one(f"#rate-{name}", Static).update(
                 f"[b]{label:<10}[/b] {value:>14}\n[dim]{'peak':<10} {peak:>14}[/dim]"
             )
-            self.query_one(f"#spark-{name}", Sparkline).data = series
+            self.main.query_one(f"#spark-{name}", Sparkline).data = series
         span = self.history.span_s(self.interval)
-        self.query_one("#rates-note", Static).update(
+        self.main.query_one("#rates-note", Static).update(
             f"[dim]sparklines: last {format_duration(span)} at one point per {self.interval:g}s[/dim]"
         )
-        self.query_one("#capacity", Static).update(panels.capacity_text(stats))
-        self.query_one("#health", Static).update(panels.health_table(stats))
-        self.query_one("#long", Static).update(panels.long_table(stats))
+        self.main.query_one("#capacity", Static).update(panels.capacity_text(stats))
+        self.main.query_one("#health", Static).update(panels.health_table(stats))
+        self.main.query_one("#long", Static).update(panels.long_table(stats))
         self.render_clients()
-        self.query_one("#warnings", Static).update(panels.warnings_text(stats))
+        self.main.query_one("#warnings", Static).update(panels.warnings_text(stats))
 
     def render_clients(self) -> None:
         stats: Mapping[str, Any] = self.stats or {}
-        table = self.query_one("#clients", DataTable)
+        table = self.main.query_one("#clients", DataTable)
         rows = panels.client_rows(stats, self.sort)
         table.border_title = f"clients ({len(rows)}), sorted by {self.sort} (s to change)"
         plain = [(key, [c.plain for c in cells]) for key, cells in rows]

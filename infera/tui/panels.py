@@ -53,7 +53,9 @@ CLIENT_COLUMNS = (
     "requests",
     "leases",
     "up",
+    "fallback reason",
 )
+_RIGHT = {CLIENT_COLUMNS.index(c) for c in ("pid", "requests", "leases", "up")}
 _EIGHTHS = " ▏▎▍▌▋▊▉"
 
 
@@ -264,11 +266,14 @@ def long_table(stats: Mapping[str, Any]) -> Table | Text:
 
 
 def client_cells(client: Mapping[str, Any]) -> list[Text]:
-    """One row of the client table; a fallback row is highlighted and says why it fell back."""
+    """One row of the client table; a fallback row is highlighted, and its last cell says why it
+    fell back (last, so a long reason never pushes the other columns off screen)."""
     fallback = bool(client.get("fallback"))
     path = str(client.get("data_path") or "arena")
+    reason = ""
     if fallback:
-        path += f" FALLBACK: {client.get('fallback_reason') or 'no reason given'}"
+        path += " (fallback)"
+        reason = str(client.get("fallback_reason") or "no reason given")
     values = [
         str(client.get("pid", "")),
         str(client.get("name") or ""),
@@ -280,9 +285,10 @@ def client_cells(client: Mapping[str, Any]) -> list[Text]:
         format_count(client.get("requests", 0)),
         format_count(client.get("leases", 0)),
         format_duration(client.get("connected_s", 0)),
+        reason,
     ]
     style = "bold yellow" if fallback else ""
-    return [Text(v, style=style) for v in values]
+    return [Text(v, style=style, justify="right" if i in _RIGHT else "left") for i, v in enumerate(values)]
 
 
 def client_rows(stats: Mapping[str, Any], sort: str) -> list[tuple[str, list[Text]]]:

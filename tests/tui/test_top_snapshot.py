@@ -36,6 +36,7 @@ def recorded_frames(n: int = 90) -> list[dict[str, Any]]:
         frame["sets_total"] = RECORDED["sets_total"] + sets
         frame["bytes_out_total"] = RECORDED["bytes_out_total"] + hits * CHUNK
         frame["bytes_in_total"] = RECORDED["bytes_in_total"] + sets * CHUNK
+        frame["tiers"]["ram"].update(hits=frame["hits_total"], misses=frame["misses_total"])
         frame["uptime_s"] = RECORDED["uptime_s"] - (n - 1 - i)
         frames.append(frame)
     return frames
