@@ -411,7 +411,9 @@ def read_into(
     return header
 
 
-def read_chunk(path: str, *, digest: bytes | None = None, key: bytes | None = None) -> tuple[ChunkHeader, bytes]:
+def read_chunk(
+    path: str, *, digest: bytes | None = None, key: bytes | None = None
+) -> tuple[ChunkHeader, bytes]:
     """Read and verify a whole chunk file; returns (header, payload). For tools and tests."""
     size = os.stat(path).st_size
     buf = bytearray(max(size - HEADER_SIZE, 0))

@@ -230,6 +230,27 @@ class Server:
             with contextlib.suppress(OSError):
                 self._wake_w.send(b"\0")
 
+    def resume(
+        self, client: Client, msg: dict[str, Any], handler: Callable[[Client, dict[str, Any]], Reply]
+    ) -> None:
+        """Answer a request whose handler returned None to wait for a tier (loop thread only):
+        run the handler again with ``_resumed`` set and send its reply, unless the client left."""
+        if client.closed:
+            return
+        msg["_resumed"] = True
+        try:
+            reply = handler(client, msg)
+        except BadRequest as exc:
+            reply = {"ok": False, "error": exc.code, "message": str(exc)}
+        except Exception as exc:
+            log.exception("internal error finishing a deferred request")
+            reply = {"ok": False, "error": "internal", "message": f"internal error: {type(exc).__name__}"}
+        if reply is not None:
+            rid = msg.get("id", 0)
+            reply["id"] = rid if isinstance(rid, int) else 0
+            reply.setdefault("ok", True)
+            self._send(client, reply)
+
     def serve_forever(self) -> None:
         try:
             while not self.stopping:
@@ -610,9 +631,19 @@ class Server:
         store = self.store
         assert store is not None
         keys = self._keys(msg)
+        ikeys = self.ikeys(client, keys)
+        fetch = getattr(self.long, "fetch", None)
+        if fetch is not None and not msg.get("_resumed"):
+            # RAM misses the long tier holds are read into the arena by its threads; the reply
+            # waits for them (see resume), the loop does not.
+            index = store.index
+            if any(k not in index for k in ikeys) and fetch(
+                ikeys, lambda: self.resume(client, msg, self.op_get)
+            ):
+                return None
         items: list[Any] = []
         hits = 0
-        for ikey in self.ikeys(client, keys):
+        for ikey in ikeys:
             chunk = store.find(ikey)
             if chunk is None and self.long is not None:
                 chunk = self.long.promote(ikey)

@@ -211,6 +211,37 @@ class Store:
         self.bytes_stored += length
         return chunk
 
+    # Asynchronous promotion (the disk tier reads in threads): room first, invisible and
+    # uncounted like a reservation (a writer of the same key gets ``busy``), published once filled.
+    def reserve_hidden(self, ikey: bytes, length: int) -> Chunk | None:
+        """Room for a ``long`` chunk being read back; None if the key is present or being written,
+        or if the arena cannot make room."""
+        if ikey in self.index or ikey in self.pending or align_up(length) > self.alloc.capacity:
+            return None
+        off = self._alloc_evicting(length)
+        if off is None:
+            return None
+        chunk = Chunk(ikey, off, length, LONG)
+        chunk.on_long = True
+        self.pending[ikey] = chunk
+        return chunk
+
+    def publish(self, chunk: Chunk) -> None:
+        """Make a chunk from :meth:`reserve_hidden` visible, once its bytes are in place."""
+        if self.pending.get(chunk.ikey) is chunk:
+            del self.pending[chunk.ikey]
+        chunk.sealed = True
+        chunk.last_access = self.clock()
+        self.index[chunk.ikey] = chunk
+        self.lru[chunk.retention][chunk.ikey] = chunk
+        self.bytes_stored += chunk.length
+
+    def cancel_hidden(self, chunk: Chunk) -> None:
+        """Give back the room of a :meth:`reserve_hidden` chunk whose read failed."""
+        if self.pending.get(chunk.ikey) is chunk:
+            del self.pending[chunk.ikey]
+        self.alloc.free(chunk.offset, chunk.length)
+
     # -- readers ----------------------------------------------------------------------------
     def find(self, ikey: bytes) -> Chunk | None:
         chunk = self.index.get(ikey)

@@ -4,6 +4,10 @@ The long tier is disk *or* distributed, never both. A long tier object offers th
 
 * ``contains(ikey) -> bool`` and ``promote(ikey) -> Chunk | None`` (a RAM miss that the long tier
   can serve is copied into the arena and returned sealed);
+* optionally ``fetch(ikeys, on_ready) -> bool``: start reading the RAM misses of a GET in the
+  background; when it returns True, GET defers its reply and ``on_ready()`` (called on the loop
+  thread once every read has finished) answers it through ``Server.resume``; the tier keeps the
+  request's chunks in RAM until then;
 * ``prewarm(ikeys) -> int`` (background promotion, answers at once), ``delete(ikeys) -> int``;
 * ``count_get(n, hits)``, ``stats() -> dict`` (the ``tiers.long`` section of STATS),
   ``loading`` (True while the index is still being rebuilt), ``tick()`` (once a second on the

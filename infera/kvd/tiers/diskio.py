@@ -31,7 +31,9 @@ class Workers:
     def __init__(self, name: str, n: int, fn: Callable[[Any], None], lanes: bool) -> None:
         self._fn = fn
         count = max(1, n)
-        self.queues: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(count if lanes else 1)]
+        self.queues: list[queue.SimpleQueue[Any]] = [
+            queue.SimpleQueue() for _ in range(count if lanes else 1)
+        ]
         self.threads = []
         for i in range(count):
             q = self.queues[i if lanes else 0]

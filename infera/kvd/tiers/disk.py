@@ -1,0 +1,652 @@
+"""L3: the disk long tier. ``long`` chunks persist as checksummed files under ``--long-path``.
+
+Threading: the index, the accounting and every decision live on the daemon's loop thread; file
+I/O runs on writer lanes, reader threads and one loader thread (see :mod:`diskio`), whose results
+come back through ``Server.call_soon``. Consequences callers may rely on:
+
+* The put path never waits for the disk. A sealed ``long`` chunk is pinned (so eviction cannot
+  reuse its bytes) and queued; the queue is bounded by ``--long-write-queue`` jobs and by half the
+  arena in bytes. A chunk that does not fit is counted in ``dropped_writes`` and kept in a backlog
+  that is written once the queue drains, if it is still in RAM by then.
+* A GET that misses RAM but hits disk is answered once reader threads have copied the file into
+  the arena and verified its checksum (the reply is deferred; the loop keeps serving). A file that
+  fails verification is a miss, is counted and is moved to ``<long-path>/quarantine``.
+* At start the index is rebuilt from file names and sizes alone. Until that is done the tier is
+  ``loading``: LOOKUP and GET still find chunks on disk by looking at the path the key maps to.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from infera.errors import KvdError
+from infera.kvd import chunkfile as cf
+from infera.kvd.store import LONG, Chunk
+from infera.kvd.tiers import diskio
+
+if TYPE_CHECKING:
+    from infera.kvd.config import DaemonConfig
+    from infera.kvd.server import Server
+
+log = logging.getLogger("infera.kvd.disk")
+
+READERS = 4
+MERGE_BATCH = 4096
+BACKLOG_MAX = 65536
+CORRUPT_LOG_MAX = 20
+
+
+class WriteJob:
+    __slots__ = ("cancelled", "chunk", "digest", "fkey", "ns_text", "path", "size", "skipped", "unlinks")
+
+    def __init__(self, chunk: Chunk, fkey: bytes, digest: bytes, ns_text: str, path: str) -> None:
+        self.chunk = chunk
+        self.fkey = fkey
+        self.digest = digest
+        self.ns_text = ns_text
+        self.path = path
+        self.size = cf.HEADER_SIZE + chunk.length
+        self.cancelled = False
+        self.skipped = False
+        self.unlinks: list[str] = []
+
+
+class ReadJob:
+    __slots__ = ("cancelled", "chunk", "digest", "fkey", "ikey", "length", "path", "started", "waiters")
+
+    def __init__(self, ikey: bytes, fkey: bytes, digest: bytes | None, path: str, length: int) -> None:
+        self.ikey = ikey
+        self.fkey = fkey
+        self.digest = digest
+        self.path = path
+        self.length = length
+        self.chunk: Chunk | None = None
+        self.started = False
+        self.cancelled = False
+        self.waiters: list[Waiter] = []
+
+
+class Waiter:
+    """One deferred request: its callback runs when every read it waits for has finished."""
+
+    __slots__ = ("armed", "done", "left", "pinned")
+
+    def __init__(self, done: Callable[[], None]) -> None:
+        self.done = done
+        self.left = 0
+        self.armed = False  # set once fetch() has returned, so done() never runs inside it
+        self.pinned: list[Chunk] = []
+
+
+class DiskTier:
+    """The ``disk`` long tier (see :mod:`infera.kvd.tiers` for the interface the server uses)."""
+
+    backend = "disk"
+
+    def __init__(self, cfg: DaemonConfig, server: Server) -> None:
+        assert cfg.long_path is not None and cfg.long_bytes is not None
+        assert server.store is not None and server.arena is not None
+        self.server = server
+        self.store = server.store
+        self.root = os.path.abspath(cfg.long_path)
+        self.capacity = cfg.long_bytes
+        self.sync = cfg.fsync
+        self.queue_max = max(1, cfg.long_write_queue)
+        self.pin_max = server.arena.capacity // 2
+        self._arena = server.arena.view
+        self._lock_fd = self._open_root()
+        self.index: OrderedDict[bytes, int] = OrderedDict()  # fkey -> file size, LRU first
+        self.bytes_used = 0
+        self.reserved = 0  # bytes of queued writes, counted against capacity before they land
+        self.pinned = 0
+        self.queued = 0
+        self._ns: dict[int, tuple[bytes, bytes, str]] = {}  # ns id -> (digest, fkey prefix, text)
+        self._ns_by_prefix: dict[bytes, int] = {}
+        self._writes: dict[bytes, WriteJob] = {}  # newest queued write per fkey
+        self._backlog: OrderedDict[bytes, None] = OrderedDict()  # ikeys of unwritten long chunks
+        self._reads: dict[bytes, ReadJob] = {}
+        self._urgent: deque[ReadJob] = deque()
+        self._background: deque[ReadJob] = deque()
+        self._inflight = 0
+        self._max_inflight = READERS * 2
+        self._dirs: set[str] = set()
+        self._failing: dict[str, str] = {}  # condition -> first message, logged once
+        self._deleted_while_loading: set[bytes] = set()
+        self._young_temps: list[str] = []
+        self.loading = True
+        self.index_load_s: float | None = None
+        self.last_error: str | None = None
+        self.c = dict.fromkeys(
+            (
+                "hits",
+                "misses",
+                "bytes_read",
+                "bytes_written",
+                "files_written",
+                "corrupt_chunks",
+                "failed_writes",
+                "failed_reads",
+                "dropped_writes",
+                "evicted_files",
+                "evicted_unwritten",
+                "prewarmed",
+                "promotion_no_room",
+                "files_other_version",
+                "quarantined",
+                "stale_temp_removed",
+            ),
+            0,
+        )
+        self.store.c.setdefault("corrupt_chunks_total", 0)
+        self.store.on_seal = self._on_seal
+        self.store.on_drop = self._on_drop
+        self._writers = diskio.Workers("disk-write", cfg.long_writers, self._write_job, lanes=True)
+        self._readers = diskio.Workers("disk-read", READERS, self._read_job, lanes=False)
+        self._load_started = time.monotonic()
+        threading.Thread(target=self._load, name="kvd-disk-load", daemon=True).start()
+        self._check_space()
+
+    # -- setup ------------------------------------------------------------------------------
+    def _open_root(self) -> int:
+        try:
+            os.makedirs(os.path.join(self.root, cf.VERSION_DIR), exist_ok=True)
+            fd = os.open(os.path.join(self.root, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise KvdError(
+                f"--long-path {self.root}: {exc.strerror}",
+                hint="give a directory this user can create and write",
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise KvdError(
+                f"--long-path {self.root} is in use by another kvd daemon",
+                hint="each daemon needs its own --long-path",
+            ) from None
+        return fd
+
+    def _check_space(self) -> None:
+        try:
+            free = shutil.disk_usage(self.root).free
+        except OSError:
+            return
+        if free < self.capacity:
+            log.warning(
+                "the filesystem of %s has %d bytes free, less than --long-bytes %d: writes will fail "
+                "with ENOSPC before the tier is full (counted in failed_writes)",
+                self.root,
+                free,
+                self.capacity,
+            )
+
+    # -- keys -------------------------------------------------------------------------------
+    def _ns_of(self, ikey: bytes) -> tuple[bytes, bytes, str]:
+        nid = int.from_bytes(ikey[:2], "big")
+        ns = self._ns.get(nid)
+        if ns is None:
+            text = self.store.ns_names[nid]
+            digest = cf.ns_digest(text)
+            ns = (digest, digest[:8], text)
+            self._ns[nid] = ns
+            self._ns_by_prefix[digest[:8]] = nid
+        return ns
+
+    def _fkey(self, ikey: bytes) -> bytes:
+        return self._ns_of(ikey)[1] + ikey[2:]
+
+    def _in_ram(self, fkey: bytes) -> bool:
+        nid = self._ns_by_prefix.get(fkey[:8])
+        return nid is not None and nid.to_bytes(2, "big") + fkey[8:] in self.store.index
+
+    # -- loading ----------------------------------------------------------------------------
+    def _load(self) -> None:
+        delay = os.environ.get("INFERA_KVD_TEST_LOAD_DELAY_S")  # lets tests observe "loading"
+        if delay:
+            time.sleep(float(delay))
+        try:
+            result = diskio.scan(self.root)
+        except Exception as exc:  # never leave the tier loading forever
+            log.exception("scanning the disk tier failed")
+            result = diskio.ScanResult(unreadable=[f"{self.root}: {exc}"])
+        entries = result.entries
+        # newest first, each batch pushed to the LRU front, so the oldest file ends up first
+        batches = [entries[max(0, i - MERGE_BATCH) : i] for i in range(len(entries), 0, -MERGE_BATCH)]
+        for batch in batches:
+            self.server.call_soon(lambda b=batch: self._merge(b))  # type: ignore[misc]
+        self.server.call_soon(lambda: self._loaded(result))
+
+    def _merge(self, batch: list[tuple[int, bytes, int]]) -> None:
+        index = self.index
+        skip = self._deleted_while_loading
+        for _mtime, fkey, size in reversed(batch):
+            if fkey in index or fkey in skip or fkey in self._writes:
+                continue
+            index[fkey] = size
+            index.move_to_end(fkey, last=False)
+            self.bytes_used += size
+
+    def _loaded(self, result: diskio.ScanResult) -> None:
+        self.loading = False
+        self.index_load_s = round(time.monotonic() - self._load_started, 3)
+        self._deleted_while_loading.clear()
+        self.c["files_other_version"] = result.other_version
+        self.c["quarantined"] = result.quarantined
+        self.c["stale_temp_removed"] += result.stale_temps
+        self._young_temps = result.young_temps
+        for problem in result.unreadable:
+            self._fail("scan", f"cannot read {problem}")
+        self._make_room(0)
+        log.info(
+            "disk tier %s: %d chunk files, %d bytes of %d, indexed in %.3fs%s",
+            self.root,
+            len(self.index),
+            self.bytes_used,
+            self.capacity,
+            self.index_load_s,
+            f"; {result.other_version} files of another format version left alone"
+            if result.other_version
+            else "",
+        )
+
+    # -- capacity ---------------------------------------------------------------------------
+    def _make_room(self, need: int) -> None:
+        """Evict least-recently-used files until ``need`` more bytes fit. A file whose chunk is
+        still in RAM gets one second chance, so a hot chunk keeps its copy on disk."""
+        index = self.index
+        chances = len(index)
+        while self.bytes_used + self.reserved + need > self.capacity and index:
+            fkey = next(iter(index))
+            if chances > 0 and (self._in_ram(fkey) or fkey in self._reads):
+                index.move_to_end(fkey)
+                chances -= 1
+                continue
+            self._forget(fkey)
+            self.c["evicted_files"] += 1
+            self._unlink(fkey)
+
+    def _forget(self, fkey: bytes) -> None:
+        size = self.index.pop(fkey, None)
+        if size is not None:
+            self.bytes_used -= size
+
+    def _unlink(self, fkey: bytes) -> None:
+        self._writers.submit(("unlink", diskio.file_path(self.root, fkey)), lane=hash(fkey))
+
+    # -- writes -----------------------------------------------------------------------------
+    def _on_seal(self, chunk: Chunk) -> None:
+        if chunk.retention != LONG or chunk.on_long:
+            return
+        if not self._enqueue_write(chunk):
+            self.c["dropped_writes"] += 1
+            if len(self._backlog) < BACKLOG_MAX:
+                self._backlog[chunk.ikey] = None
+
+    def _on_drop(self, chunk: Chunk, reason: str) -> None:
+        if reason == "evicted" and chunk.retention == LONG and not chunk.on_long:
+            self.c["evicted_unwritten"] += 1
+
+    def _enqueue_write(self, chunk: Chunk) -> bool:
+        """Queue a write-through of ``chunk``; False when the queue is full (nothing pinned)."""
+        size = cf.HEADER_SIZE + chunk.length
+        if size > self.capacity:
+            self._fail("too_large", f"a {size}-byte chunk is larger than --long-bytes; not persisted")
+            return True
+        if self.queued >= self.queue_max or self.pinned + chunk.length > self.pin_max:
+            return False
+        digest, prefix, text = self._ns_of(chunk.ikey)
+        fkey = prefix + chunk.key
+        self._make_room(size)
+        job = WriteJob(chunk, fkey, digest, text, diskio.file_path(self.root, fkey))
+        chunk.pins += 1
+        self.pinned += chunk.length
+        self.reserved += size
+        self.queued += 1
+        old = self._writes.get(fkey)
+        if old is not None:
+            old.cancelled = True
+        self._writes[fkey] = job
+        self._writers.submit(("write", job), lane=hash(fkey))
+        return True
+
+    def _write_job(self, item: tuple[str, Any]) -> None:
+        kind, arg = item
+        if kind == "unlink":
+            try:
+                os.unlink(arg)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                self.server.call_soon(lambda e=exc: self._fail(diskio.classify_os_error(e), f"unlink: {e}"))  # type: ignore[misc]
+            return
+        job: WriteJob = arg
+        chunk = job.chunk
+        err: OSError | None = None
+        if job.cancelled or chunk.zombie:
+            job.skipped = True
+        else:
+            view = self._arena[chunk.offset : chunk.offset + chunk.length]
+            try:
+                header = cf.make_header(job.digest, chunk.key, view, namespace_text=job.ns_text)
+                d = os.path.dirname(job.path)
+                if d not in self._dirs:
+                    cf.ensure_dir(self.root, job.digest, chunk.key, job.ns_text)
+                    self._dirs.add(d)
+                try:
+                    cf.write_file(job.path, header.pack(), view, sync=self.sync)
+                except FileNotFoundError:  # directory removed behind our back
+                    self._dirs.discard(d)
+                    cf.ensure_dir(self.root, job.digest, chunk.key, job.ns_text)
+                    cf.write_file(job.path, header.pack(), view, sync=self.sync)
+            except OSError as exc:
+                err = exc
+            finally:
+                view.release()
+        self.server.call_soon(lambda: self._write_done(job, err))
+
+    def _write_done(self, job: WriteJob, err: OSError | None) -> None:
+        chunk = job.chunk
+        self.store.unpin(chunk)
+        self.pinned -= chunk.length
+        self.reserved -= job.size
+        self.queued -= 1
+        if self._writes.get(job.fkey) is job:
+            del self._writes[job.fkey]
+        if err is not None:
+            self.c["failed_writes"] += 1
+            self._fail(diskio.classify_os_error(err), f"writing {job.path}: {err.strerror or err}")
+        elif not job.skipped and not job.cancelled:
+            self._forget(job.fkey)
+            self.index[job.fkey] = job.size
+            self.bytes_used += job.size
+            self.c["bytes_written"] += job.size
+            self.c["files_written"] += 1
+            if not chunk.zombie:
+                chunk.on_long = True
+            self._recovered()
+            self._make_room(0)
+        self._drain_backlog()
+
+    def _drain_backlog(self) -> None:
+        while self._backlog and self.queued < self.queue_max:
+            ikey, _ = self._backlog.popitem(last=False)
+            chunk = self.store.index.get(ikey)
+            if chunk is None or chunk.on_long or chunk.retention != LONG:
+                continue
+            if not self._enqueue_write(chunk):
+                self._backlog[ikey] = None
+                self._backlog.move_to_end(ikey, last=False)
+                return
+
+    # -- errors -----------------------------------------------------------------------------
+    def _fail(self, condition: str, message: str) -> None:
+        self.last_error = message
+        if condition not in self._failing:
+            self._failing[condition] = message
+            log.error("disk tier: %s (further %s errors are counted, not logged)", message, condition)
+
+    def _recovered(self) -> None:
+        write_conditions = [c for c in self._failing if c not in ("scan", "too_large")]
+        if write_conditions:
+            log.warning("disk tier: writes succeed again after %s", ", ".join(write_conditions))
+            for c in write_conditions:
+                del self._failing[c]
+
+    # -- reads ------------------------------------------------------------------------------
+    def contains(self, ikey: bytes) -> bool:
+        fkey = self._fkey(ikey)
+        if fkey in self.index:
+            return True
+        return self.loading and self._probe(fkey) is not None
+
+    def _probe(self, fkey: bytes) -> int | None:
+        """While the index loads, look at the file itself (one stat) and index it if present."""
+        if fkey in self._deleted_while_loading:
+            return None
+        try:
+            size = os.stat(diskio.file_path(self.root, fkey)).st_size
+        except OSError:
+            return None
+        self.index[fkey] = size
+        self.bytes_used += size
+        return size
+
+    def promote(self, ikey: bytes) -> Chunk | None:
+        """Called by GET for a key neither RAM nor a finished read could serve: a long-tier miss."""
+        self.c["misses"] += 1
+        return None
+
+    def count_get(self, n: int, hits: int) -> None:
+        """GET totals are counted by the server; this tier counts its own hits and misses."""
+
+    def fetch(self, ikeys: Iterable[bytes], on_ready: Callable[[], None]) -> bool:
+        """Read the chunks of ``ikeys`` that are on disk but not in RAM; True if ``on_ready``
+        will be called (on the loop thread) once they are all in the arena or have failed."""
+        ikeys = list(ikeys)
+        waiter = Waiter(on_ready)
+        self._request(ikeys, waiter, urgent=True)
+        if waiter.left == 0:
+            return False
+        ram = self.store.index
+        for ikey in ikeys:  # what RAM holds now must still be there when the reply is built
+            chunk = ram.get(ikey)
+            if chunk is not None:
+                chunk.pins += 1
+                waiter.pinned.append(chunk)
+        waiter.armed = True
+        return True
+
+    def prewarm(self, ikeys: list[bytes]) -> int:
+        return self._request(ikeys, None, urgent=False)
+
+    def _request(self, ikeys: Iterable[bytes], waiter: Waiter | None, urgent: bool) -> int:
+        n = 0
+        ram = self.store.index
+        for ikey in ikeys:
+            if ikey in ram:
+                continue
+            job = self._reads.get(ikey)
+            if job is None:
+                fkey = self._fkey(ikey)
+                size = self.index.get(fkey)
+                if size is None and self.loading:
+                    size = self._probe(fkey)
+                if size is None or size < cf.HEADER_SIZE:
+                    continue
+                digest = self._ns_of(ikey)[0]
+                job = ReadJob(ikey, fkey, digest, diskio.file_path(self.root, fkey), size - cf.HEADER_SIZE)
+                self._reads[ikey] = job
+                (self._urgent if urgent else self._background).append(job)
+            elif urgent and not job.started and not job.waiters:
+                self._urgent.append(job)
+            if waiter is not None:
+                job.waiters.append(waiter)
+                waiter.left += 1
+            n += 1
+        self._pump()
+        return n
+
+    def _pump(self) -> None:
+        while self._inflight < self._max_inflight and (self._urgent or self._background):
+            job = (self._urgent or self._background).popleft()
+            if job.started or self._reads.get(job.ikey) is not job:
+                continue
+            chunk = self.store.reserve_hidden(job.ikey, job.length)
+            if chunk is None:
+                if job.ikey not in self.store.index:
+                    self.c["promotion_no_room"] += 1
+                self._finish(job, ok=False)
+                continue
+            job.chunk = chunk
+            job.started = True
+            self._inflight += 1
+            self._readers.submit(job)
+
+    def _read_job(self, job: ReadJob) -> None:
+        chunk = job.chunk
+        assert chunk is not None
+        outcome: str = "ok"
+        detail: Any = None
+        view = self._arena[chunk.offset : chunk.offset + chunk.length]
+        try:
+            cf.read_into(job.path, view, digest=job.digest, key=job.fkey[8:])
+            os.utime(job.path)
+        except FileNotFoundError:
+            outcome = "missing"
+        except cf.SizeChanged as exc:
+            outcome, detail = "size", exc.size
+        except cf.OtherVersion as exc:
+            outcome, detail = "other", str(exc)
+        except cf.CorruptChunk as exc:
+            outcome, detail = "corrupt", (str(exc), diskio.quarantine(self.root, job.path))
+        except OSError as exc:
+            outcome, detail = "error", exc
+        finally:
+            view.release()
+        self.server.call_soon(lambda: self._read_done(job, outcome, detail))
+
+    def _read_done(self, job: ReadJob, outcome: str, detail: Any) -> None:
+        self._inflight -= 1
+        chunk = job.chunk
+        assert chunk is not None
+        ok = outcome == "ok" and not job.cancelled
+        if ok:
+            self.store.publish(chunk)
+            self.c["bytes_read"] += chunk.length
+            self.c["hits" if job.waiters else "prewarmed"] += 1
+            if job.fkey in self.index:
+                self.index.move_to_end(job.fkey)
+        else:
+            self.store.cancel_hidden(chunk)
+            self._account_failure(job, outcome, detail)
+        self._finish(job, ok)
+        self._pump()
+
+    def _account_failure(self, job: ReadJob, outcome: str, detail: Any) -> None:
+        if outcome == "missing":
+            self._forget(job.fkey)
+        elif outcome == "size":
+            if job.fkey in self.index:
+                self.bytes_used += detail - self.index[job.fkey]
+                self.index[job.fkey] = detail
+        elif outcome == "other":
+            self._forget(job.fkey)
+            self.c["files_other_version"] += 1
+        elif outcome == "corrupt":
+            self._forget(job.fkey)
+            why, where = detail
+            self.c["corrupt_chunks"] += 1
+            self.store.c["corrupt_chunks_total"] = self.store.c.get("corrupt_chunks_total", 0) + 1
+            if where:
+                self.c["quarantined"] += 1
+            self.last_error = f"corrupt chunk {job.path}: {why}"
+            if self.c["corrupt_chunks"] <= CORRUPT_LOG_MAX:
+                log.warning(
+                    "disk tier: corrupt chunk %s (%s), served as a miss%s",
+                    job.path,
+                    why,
+                    f"; moved to {where}" if where else "",
+                )
+        elif outcome == "error":
+            self.c["failed_reads"] += 1
+            self._fail("read-" + diskio.classify_os_error(detail), f"reading {job.path}: {detail.strerror}")
+
+    def _finish(self, job: ReadJob, ok: bool) -> None:
+        if self._reads.get(job.ikey) is job:
+            del self._reads[job.ikey]
+        chunk = job.chunk if ok else None
+        for w in job.waiters:
+            if chunk is not None:
+                chunk.pins += 1
+                w.pinned.append(chunk)
+            w.left -= 1
+            if w.left == 0 and w.armed:
+                try:
+                    w.done()
+                finally:
+                    for c in w.pinned:
+                        self.store.unpin(c)
+
+    # -- deletes ----------------------------------------------------------------------------
+    def delete(self, ikeys: list[bytes]) -> int:
+        n = 0
+        for ikey in ikeys:
+            fkey = self._fkey(ikey)
+            job = self._writes.pop(fkey, None)
+            if job is not None:
+                job.cancelled = True
+            read = self._reads.get(ikey)
+            if read is not None:
+                read.cancelled = True
+            self._backlog.pop(ikey, None)
+            if fkey in self.index:
+                self._forget(fkey)
+                n += 1
+            elif self.loading:
+                self._deleted_while_loading.add(fkey)
+            self._unlink(fkey)
+        return n
+
+    # -- housekeeping -----------------------------------------------------------------------
+    def tick(self) -> None:
+        if self._young_temps:
+            now = time.time()
+            keep = []
+            for path in self._young_temps:
+                try:
+                    if now - os.stat(path).st_mtime >= diskio.STALE_TEMP_S:
+                        os.unlink(path)
+                        self.c["stale_temp_removed"] += 1
+                    else:
+                        keep.append(path)
+                except OSError:
+                    pass
+            self._young_temps = keep
+        self._drain_backlog()
+
+    @property
+    def state(self) -> str:
+        if self.loading:
+            return "loading"
+        if any(c not in ("scan", "too_large") for c in self._failing):
+            return "degraded"
+        return "ready"
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "backend": "disk",
+            "state": self.state,
+            "path": self.root,
+            "chunks": len(self.index),
+            "bytes_used": self.bytes_used,
+            "capacity": self.capacity,
+            "queued_writes": self.queued,
+            "backlog": len(self._backlog),
+            "reads_in_flight": self._inflight,
+            "index_load_s": self.index_load_s,
+            "last_error": self.last_error,
+            "fsync": self.sync,
+            **self.c,
+        }
+
+    def close(self) -> None:
+        """Finish queued writes (bounded wait), then stop every thread before the arena goes."""
+        self._backlog.clear()
+        if not self._writers.close(timeout=15.0):
+            log.warning("disk tier: writes still running at shutdown; their chunks may be missing")
+        self._readers.close(timeout=5.0)
+        try:
+            os.close(self._lock_fd)
+        except OSError:
+            pass
+
+
+__all__ = ["DiskTier"]

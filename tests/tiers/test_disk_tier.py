@@ -1,0 +1,256 @@
+"""The disk long tier against real daemon processes: restarts, corruption, ENOSPC, capacity."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from helpers import Daemon
+from infera.kvd import chunkfile as cf
+from infera.kvd.client import KvdClient
+
+NS = "test-model|tp0"
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def long_stats(c: KvdClient) -> dict[str, Any]:
+    return c.stats()["tiers"]["long"]
+
+
+def wait_ready(c: KvdClient) -> dict[str, Any]:
+    return wait_for(lambda: (s := long_stats(c))["state"] != "loading" and s, what="index loaded")
+
+
+def wait_written(c: KvdClient, files: int) -> dict[str, Any]:
+    return wait_for(
+        lambda: (s := long_stats(c))["queued_writes"] == 0 and s["chunks"] >= files and s,
+        what=f"{files} chunk files written",
+    )
+
+
+def disk_daemon(
+    start_daemon: Callable[..., Daemon],
+    root: Path,
+    max_bytes: str = "64M",
+    long_bytes: str = "64M",
+    *extra: str,
+    env: dict[str, str] | None = None,
+) -> Daemon:
+    return start_daemon(
+        "--max-bytes", max_bytes, "--long-path", str(root), "--long-bytes", long_bytes, *extra, env=env
+    )
+
+
+def chunk_files(root: Path) -> list[Path]:
+    return sorted(p for p in (root / "v1").rglob("*.kvcache"))
+
+
+def put_chunks(c: KvdClient, n: int, size: int, retention: str = "long") -> dict[bytes, bytes]:
+    data = {f"key-{i}".encode(): os.urandom(size) for i in range(n)}
+    for k, v in data.items():
+        assert c.put(k, v, retention=retention)
+    return data
+
+
+def test_kill_9_and_restart_returns_identical_bytes(
+    start_daemon: Callable[..., Daemon], short_tmp: Path
+) -> None:
+    root = short_tmp / "long"
+    d = disk_daemon(start_daemon, root)
+    with d.client(namespace=NS) as c:
+        data = put_chunks(c, 12, 256 << 10)
+        wait_written(c, 12)
+    d.kill()
+    d.start()
+    with d.client(namespace=NS) as c:
+        wait_ready(c)
+        assert c.lookup(list(data)) == 12
+        for k, v in data.items():
+            assert c.get(k) == v
+        s = c.stats()
+        assert s["tiers"]["long"]["hits"] == 12 and s["tiers"]["long"]["corrupt_chunks"] == 0
+        assert s["hits_total"] == 12 and s["tiers"]["long"]["chunks"] == 12
+    with d.client(namespace="another") as other:
+        assert other.get(b"key-0") is None, "a namespace must never read another one's chunks"
+
+
+def test_small_arena_spills_to_disk_and_reads_back(
+    start_daemon: Callable[..., Daemon], short_tmp: Path
+) -> None:
+    root = short_tmp / "long"
+    d = disk_daemon(start_daemon, root, "4M", "64M")
+    with d.client(namespace=NS) as c:
+        data: dict[bytes, bytes] = {}
+        for i in range(24):  # 12 MiB through a 4 MiB arena, waiting so nothing is dropped
+            k, v = f"k{i}".encode(), os.urandom(512 << 10)
+            assert c.put(k, v)
+            data[k] = v
+            wait_for(lambda: long_stats(c)["queued_writes"] == 0, what="write queue drained")
+        assert all(c.get(k) == v for k, v in data.items())
+        s = long_stats(c)
+        assert s["hits"] > 0 and s["dropped_writes"] == 0 and s["evicted_unwritten"] == 0
+
+
+def test_flipped_byte_is_a_counted_miss_and_quarantined(
+    start_daemon: Callable[..., Daemon], short_tmp: Path
+) -> None:
+    root = short_tmp / "long"
+    d = disk_daemon(start_daemon, root)
+    with d.client(namespace=NS) as c:
+        data = put_chunks(c, 3, 64 << 10)
+        wait_written(c, 3)
+    d.stop()
+    victim = Path(cf.chunk_path(str(root), NS, b"key-1"))
+    raw = bytearray(victim.read_bytes())
+    raw[cf.HEADER_SIZE + 1234] ^= 0x01
+    victim.write_bytes(raw)
+    d.start()
+    with d.client(namespace=NS) as c:
+        wait_ready(c)
+        assert c.get(b"key-1") is None
+        assert c.get(b"key-0") == data[b"key-0"] and c.get(b"key-2") == data[b"key-2"]
+        s = c.stats()
+        assert s["corrupt_chunks_total"] == 1 and s["tiers"]["long"]["corrupt_chunks"] == 1
+        assert "checksum" in s["tiers"]["long"]["last_error"]
+        assert c.lookup([b"key-1"]) == 0, "a quarantined chunk must leave the index"
+    assert not victim.exists()
+    assert len(list((root / "quarantine").iterdir())) == 1
+    assert "corrupt chunk" in d.log()
+
+
+def test_truncated_file_is_a_counted_miss(start_daemon: Callable[..., Daemon], short_tmp: Path) -> None:
+    root = short_tmp / "long"
+    d = disk_daemon(start_daemon, root, "1M", "64M")  # the arena cannot keep them: reads hit disk
+    with d.client(namespace=NS) as c:
+        data = put_chunks(c, 4, 200 << 10)
+        wait_written(c, 4)
+        victim = Path(cf.chunk_path(str(root), NS, b"key-0"))
+        os.truncate(victim, cf.HEADER_SIZE + 1000)  # while the daemon runs: the index is stale
+        c.put(b"filler", os.urandom(900 << 10), retention="short")  # push key-0 out of RAM
+        assert c.get(b"key-0") is None
+        assert c.get(b"key-3") == data[b"key-3"]
+        s = c.stats()
+        assert s["corrupt_chunks_total"] == 1
+        assert "truncated" in s["tiers"]["long"]["last_error"]
+    assert not victim.exists() and len(list((root / "quarantine").iterdir())) == 1
+
+
+def test_enospc_keeps_serving_from_ram_and_says_why(
+    start_daemon: Callable[..., Daemon], small_fs: Path
+) -> None:
+    d = disk_daemon(start_daemon, small_fs, "64M", "64M")
+    with d.client(namespace=NS) as c:
+        data = put_chunks(c, 8, 512 << 10)  # 4 MiB of long chunks onto a 2 MiB filesystem
+        s = wait_for(lambda: (s := long_stats(c))["queued_writes"] == 0 and s, what="writes done")
+        assert s["failed_writes"] >= 4 and s["state"] == "degraded"
+        assert "No space left" in s["last_error"]
+        assert all(c.get(k) == v for k, v in data.items()), "RAM must keep serving"
+        assert c.stats()["hits_total"] == 8
+    assert d.log().count("No space left") == 1, "ENOSPC must be logged once, not per chunk"
+    assert not [p for p in small_fs.rglob(".*.tmp")], "failed writes must not leave temp files"
+
+
+def test_long_bytes_holds_after_restart(start_daemon: Callable[..., Daemon], short_tmp: Path) -> None:
+    root = short_tmp / "long"
+    d = disk_daemon(start_daemon, root, "64M", "16M")
+    with d.client(namespace=NS) as c:
+        put_chunks(c, 10, 1 << 20)
+        s = wait_written(c, 10)
+        assert s["bytes_used"] == 10 * (cf.HEADER_SIZE + (1 << 20))
+    d.stop()
+    d.args = ["--max-bytes", "64M", "--long-path", str(root), "--long-bytes", "4M"]
+    d.start()
+    with d.client(namespace=NS) as c:
+        s = wait_ready(c)
+        assert s["bytes_used"] <= 4 << 20 and s["chunks"] == 3 and s["evicted_files"] == 7
+        wait_for(lambda: len(chunk_files(root)) == 3, what="evicted files unlinked")
+        assert sum(p.stat().st_size for p in chunk_files(root)) == s["bytes_used"]
+        # the newest chunks are the ones kept
+        assert c.lookup([b"key-7", b"key-8", b"key-9"]) == 3 and c.lookup([b"key-0"]) == 0
+
+
+def test_only_long_chunks_reach_disk(start_daemon: Callable[..., Daemon], short_tmp: Path) -> None:
+    root = short_tmp / "long"
+    d = disk_daemon(start_daemon, root)
+    with d.client(namespace=NS) as c:
+        for retention in ("short", "ephemeral", "none", "long"):
+            c.put(retention.encode(), b"x" * 5000, retention=retention)
+        wait_written(c, 1)
+        time.sleep(0.2)
+    assert [p.name for p in chunk_files(root)] == [b"long".hex() + ".kvcache"]
+
+
+def test_loading_state_and_lookup_while_loading(start_daemon: Callable[..., Daemon], short_tmp: Path) -> None:
+    root = short_tmp / "long"
+    payloads = {f"pre-{i}".encode(): os.urandom(3000) for i in range(50)}
+    for k, v in payloads.items():
+        cf.write_chunk(str(root), NS, k, v, sync="none")
+    (root / "v2").mkdir()
+    (root / "v2" / "x.kvcache").write_bytes(b"a future format")
+    d = disk_daemon(start_daemon, root, env={"INFERA_KVD_TEST_LOAD_DELAY_S": "1.5"})
+    with d.client(namespace=NS) as c:
+        assert long_stats(c)["state"] == "loading"
+        reply = c.request("LOOKUP", keys=list(payloads)[:10])
+        assert reply["count"] == 10 and reply["loading"] is True
+        assert c.get(b"pre-3") == payloads[b"pre-3"]
+        c.delete([b"pre-4"])
+        s = wait_ready(c)
+        assert s["chunks"] == 49 and s["index_load_s"] >= 1.5 and s["files_other_version"] == 1
+        assert c.get(b"pre-4") is None and c.get(b"pre-5") == payloads[b"pre-5"]
+    assert (root / "v2" / "x.kvcache").exists(), "files of another format version are left alone"
+
+
+def test_prewarm_pulls_chunks_into_ram(start_daemon: Callable[..., Daemon], short_tmp: Path) -> None:
+    root = short_tmp / "long"
+    d = disk_daemon(start_daemon, root)
+    with d.client(namespace=NS) as c:
+        data = put_chunks(c, 5, 100 << 10)
+        wait_written(c, 5)
+    d.kill()
+    d.start()
+    with d.client(namespace=NS) as c:
+        wait_ready(c)
+        assert c.prewarm([*data, b"not-there"]) == 5
+        wait_for(lambda: c.stats()["chunks"] == 5, what="prewarmed chunks in RAM")
+        assert all(c.get(k) == v for k, v in data.items())
+        s = long_stats(c)
+        assert s["prewarmed"] == 5 and s["hits"] == 0
+
+
+def test_delete_removes_the_file(start_daemon: Callable[..., Daemon], short_tmp: Path) -> None:
+    root = short_tmp / "long"
+    d = disk_daemon(start_daemon, root)
+    with d.client(namespace=NS) as c:
+        put_chunks(c, 2, 1000)
+        wait_written(c, 2)
+        assert c.delete([b"key-0"]) == 1
+        wait_for(lambda: len(chunk_files(root)) == 1, what="file unlinked")
+        assert long_stats(c)["chunks"] == 1
+
+
+def test_second_daemon_on_the_same_long_path_is_refused(
+    start_daemon: Callable[..., Daemon], short_tmp: Path
+) -> None:
+    root = short_tmp / "long"
+    disk_daemon(start_daemon, root)
+    cmd = [sys.executable, "-m", "infera.kvd", "--socket", str(short_tmp / "second.sock")]
+    res = subprocess.run(
+        [*cmd, "--long-path", str(root), "--long-bytes", "8M"], capture_output=True, text=True, timeout=30
+    )
+    assert res.returncode != 0
+    assert "in use by another kvd daemon" in res.stderr and "Traceback" not in res.stderr
