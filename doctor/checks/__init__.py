@@ -1,0 +1,45 @@
+"""One module per check. Every module here is imported by the registry, so a new check is a new file.
+
+Helpers shared by several checks live in this ``__init__`` (the registry does not treat it as a
+check module).
+"""
+
+from __future__ import annotations
+
+from infera.doctor.context import Context
+from infera.doctor.facts.container import detect
+from infera.doctor.facts.pci import inventory
+from infera.doctor.model import CheckResult, Evidence, skip, unknown
+
+
+def needs_amd_gpu(ctx: Context) -> CheckResult | None:
+    """A skip (or unknown) result when there is no AMD GPU to check, else None."""
+    inv = inventory(ctx)
+    if inv.error:
+        return unknown(
+            f"cannot list GPUs: {inv.describe()}",
+            [Evidence(ctx.host.display("/sys/bus/pci/devices"), inv.error)],
+        )
+    if inv.amd:
+        return None
+    if inv.nvidia:
+        return skip(f"no AMD GPU ({len(inv.nvidia)} NVIDIA GPUs: see the nvidia-gds check)")
+    return skip(f"no AMD GPU here ({inv.describe()})")
+
+
+def container_reason(ctx: Context) -> str | None:
+    """Why host-only files cannot be trusted here, or None on a host."""
+    info = detect(ctx)
+    return info.describe() if info.in_container else None
+
+
+def host_only_unknown(ctx: Context, what: str, evidence: list[Evidence] | None = None) -> CheckResult | None:
+    """An unknown result for checks that read host-only files, when running inside a container."""
+    reason = container_reason(ctx)
+    if reason is None:
+        return None
+    return unknown(
+        f"{what} cannot be read from inside a container ({reason})",
+        evidence or [],
+        fix="run `kvd doctor` on the host itself for this check",
+    )

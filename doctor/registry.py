@@ -1,0 +1,108 @@
+"""The check registry.
+
+A check is a function ``(ctx: Context) -> CheckResult`` decorated with :func:`check`. Every module
+in :mod:`infera.doctor.checks` is imported on first use, so adding a check is adding one file
+there (plus its docs page ``docs/doctor/<id>.md``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from infera.errors import UsageError
+
+if TYPE_CHECKING:
+    from infera.doctor.context import Context
+    from infera.doctor.model import CheckResult
+
+CheckFn = Callable[["Context"], "CheckResult"]
+
+#: Report sections, in the order they print. A check may name an area not listed; it prints last.
+AREAS: dict[str, str] = {
+    "platform": "Platform",
+    "amd": "AMD driver and AIS",
+    "storage": "Storage",
+    "engines": "Engines",
+    "daemon": "kvd daemon",
+    "nvidia": "NVIDIA GPUDirect Storage",
+}
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """A registered check: ``id`` is what ``--check`` takes and names the docs page."""
+
+    id: str
+    title: str
+    area: str
+    order: int
+    fn: CheckFn
+
+    @property
+    def docs(self) -> str:
+        return f"docs/doctor/{self.id}.md"
+
+
+_REGISTRY: dict[str, CheckSpec] = {}
+_loaded = False
+
+
+def check(id: str, title: str, area: str, order: int = 50) -> Callable[[CheckFn], CheckFn]:
+    """Register ``fn`` as the check ``id``. Ids are kebab-case and unique."""
+
+    def deco(fn: CheckFn) -> CheckFn:
+        if id in _REGISTRY and _REGISTRY[id].fn is not fn:
+            raise RuntimeError(f"doctor check {id!r} registered twice")
+        _REGISTRY[id] = CheckSpec(id, title, area, order, fn)
+        return fn
+
+    return deco
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    from infera.doctor import checks
+
+    for mod in pkgutil.iter_modules(checks.__path__):
+        importlib.import_module(f"{checks.__name__}.{mod.name}")
+    _loaded = True
+
+
+def _area_rank(area: str) -> int:
+    keys = list(AREAS)
+    return keys.index(area) if area in keys else len(keys)
+
+
+def all_checks() -> list[CheckSpec]:
+    """Every registered check in report order (area, then order within the area)."""
+    _load()
+    return sorted(_REGISTRY.values(), key=lambda s: (_area_rank(s.area), s.order, s.id))
+
+
+def select(names: Iterable[str]) -> list[CheckSpec]:
+    """The checks named by id or by area; an unknown name is a usage error listing the valid ones."""
+    specs = all_checks()
+    wanted = [n.strip() for n in names if n.strip()]
+    if not wanted:
+        return specs
+    by_id = {s.id: s for s in specs}
+    areas = {s.area for s in specs}
+    chosen: set[str] = set()
+    for name in wanted:
+        key = name.lower().replace("_", "-")
+        if key in by_id:
+            chosen.add(key)
+        elif key in areas:
+            chosen.update(s.id for s in specs if s.area == key)
+        else:
+            raise UsageError(
+                f"no doctor check named {name!r}",
+                hint=f"checks: {', '.join(by_id)}; areas: {', '.join(sorted(areas))}",
+            )
+    return [s for s in specs if s.id in chosen]
