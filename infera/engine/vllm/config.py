@@ -1,0 +1,115 @@
+"""Connector settings from the environment, parsed once per process.
+
+Every engine process (API server, EngineCore, workers) inherits the same environment, so every
+half of the connector (and the prewarm route) derives the same chunk size and namespace from it.
+Nothing here imports vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from infera.errors import UsageError
+
+log = logging.getLogger("infera.engine.vllm")
+
+RETENTIONS = ("none", "short", "long")
+RETENTION_KEY = "infera_retention"
+_warned_retentions: set[str] = set()
+
+
+@dataclass(frozen=True)
+class ConnectorEnv:
+    """What the connector reads from the environment.
+
+    ``chunk_tokens`` is None for ``auto``. ``ais`` is the GPU-direct request (``0``, ``1`` or
+    ``auto``); this build records it and sizes chunks for it, the GPU-direct read path itself is
+    a later piece of work.
+    """
+
+    socket: str | None = None
+    chunk_tokens: int | None = None
+    ais: str = "0"
+    hipfile_roots: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def gpu_direct_requested(self) -> bool:
+        return self.ais == "1" or (self.ais == "auto" and bool(self.hipfile_roots))
+
+
+def parse_chunk_tokens(text: str | None) -> int | None:
+    """``auto`` (or unset) gives None; otherwise a positive integer."""
+    if text is None or text.strip().lower() in ("", "auto"):
+        return None
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise UsageError(
+            f"INFERA_KVD_CHUNK_TOKENS={text!r} is neither 'auto' nor a whole number",
+            hint="leave it unset (auto) unless you measured a better value",
+        ) from None
+    if value <= 0:
+        raise UsageError(f"INFERA_KVD_CHUNK_TOKENS must be positive (got {value})")
+    return value
+
+
+def parse_ais(text: str | None) -> str:
+    value = (text or "0").strip().lower()
+    if value not in ("0", "1", "auto"):
+        raise UsageError(f"INFERA_KVD_AIS={text!r} must be 0, 1 or auto")
+    return value
+
+
+def parse_roots(text: str | None) -> dict[str, str]:
+    """``name=path[,name=path]`` as in the product doc (e.g. ``long=/nvme/kvd-long``)."""
+    roots: dict[str, str] = {}
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise UsageError(
+                f"INFERA_KVD_HIPFILE_ROOTS entry {item!r} is not name=path",
+                hint="e.g. INFERA_KVD_HIPFILE_ROOTS=long=/nvme/kvd-long",
+            )
+        roots[name.strip()] = path.strip()
+    return roots
+
+
+def read_env(environ: dict[str, str] | None = None) -> ConnectorEnv:
+    env = os.environ if environ is None else environ
+    return ConnectorEnv(
+        socket=env.get("INFERA_KVD_SOCKET") or None,
+        chunk_tokens=parse_chunk_tokens(env.get("INFERA_KVD_CHUNK_TOKENS")),
+        ais=parse_ais(env.get("INFERA_KVD_AIS")),
+        hipfile_roots=parse_roots(env.get("INFERA_KVD_HIPFILE_ROOTS")),
+    )
+
+
+def retention_of(params: object) -> str:
+    """The retention class a request asked for in ``kv_transfer_params``.
+
+    ``ephemeral`` maps to ``long`` (the product doc: ephemeral and TTL are daemon-side only);
+    anything unknown maps to ``long`` with one warning per distinct value.
+    """
+    if not isinstance(params, dict):
+        return "long"
+    value = params.get(RETENTION_KEY)
+    if value is None:
+        return "long"
+    text = str(value).strip().lower()
+    if text in RETENTIONS:
+        return text
+    if text == "ephemeral":
+        return "long"
+    if text not in _warned_retentions:
+        _warned_retentions.add(text)
+        log.warning(
+            "kv_transfer_params.%s=%r is not one of none|short|long; treating it as long",
+            RETENTION_KEY,
+            value,
+        )
+    return "long"

@@ -1,0 +1,205 @@
+"""``InferaKvdConnector``: vLLM's view of the infera-kvd daemon (a thin facade).
+
+Load it with::
+
+    --kv-transfer-config '{"kv_connector":"InferaKvdConnector","kv_role":"kv_both",
+                           "kv_connector_module_path":"infera.engine.vllm.kvd_connector"}'
+
+and ``INFERA_KVD_SOCKET`` naming the daemon's socket. vLLM builds one instance per role: the
+scheduler instance delegates to :class:`SchedulerHalf`, each worker instance to
+:class:`WorkerHalf`. vLLM imports this module by path, in the API-server process too, so
+importing it does no work beyond importing vLLM's base class.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from infera.engine.vllm import compat
+from infera.engine.vllm.config import read_env
+from infera.engine.vllm.link import DaemonLink
+from infera.engine.vllm.metadata import InferaKvdMetadata
+from infera.kvd.config import default_socket_path
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger("infera.engine.vllm")
+
+
+def _adopt_vllm_logging() -> None:
+    """Print our log lines through vLLM's handlers, so they look like (and sit with) vLLM's."""
+    ours = logging.getLogger("infera.engine.vllm")
+    theirs = logging.getLogger("vllm")
+    if ours.handlers or not theirs.handlers:
+        return
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    ours.setLevel(theirs.level or logging.INFO)
+    ours.propagate = False
+
+
+_adopt_vllm_logging()
+
+try:  # vLLM 0.32+: label our external hits as host-memory hits in the Prometheus metrics
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+    _HIT_SOURCE: Any = CacheHitSource.HOST
+except ImportError:  # pragma: no cover - older vLLM
+    _HIT_SOURCE = None
+
+
+class InferaKvdConnector(KVConnectorBase_V1):
+    """Offloads prompt KV to the per-host kvd daemon and loads it back on a hit."""
+
+    if _HIT_SOURCE is not None:
+        _cache_hit_source = _HIT_SOURCE
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        env = read_env()
+        self._env = env
+        ns = compat.namespace_for(vllm_config, env, kv_cache_config)
+        facts = compat.engine_facts(vllm_config, kv_cache_config)
+        rank, world = compat.rank_info(vllm_config)
+        socket_path = env.socket or default_socket_path()
+        blockers = compat.offload_blockers(vllm_config, kv_cache_config)
+        self._scheduler: Any = None
+        self._worker: Any = None
+        if facts.hash_seed == "random" and role == KVConnectorRole.SCHEDULER:
+            log.warning(
+                "infera-kvd: vLLM %s seeds block hashes randomly per process (PYTHONHASHSEED unset), "
+                "so chunks stored by this engine can never be found by another engine or after a "
+                "restart; set the same PYTHONHASHSEED on every engine",
+                facts.vllm_version,
+            )
+        link = DaemonLink(
+            socket_path,
+            ns,
+            role="vllm-scheduler" if role == KVConnectorRole.SCHEDULER else f"vllm-worker-{rank}",
+            name=f"vllm:{os.path.basename(facts.model.rstrip('/'))}",
+            model=facts.model,
+            want_arena=role != KVConnectorRole.SCHEDULER,
+        )
+        if role == KVConnectorRole.SCHEDULER:
+            from infera.engine.vllm.scheduler import SchedulerHalf
+
+            reason = None
+            if blockers:
+                reason = "; ".join(f"{b.name}: {b.reason}" for b in blockers)
+                log.warning("infera-kvd: no lookups or saves for this engine (%s)", reason)
+            self._scheduler = SchedulerHalf(
+                ns,
+                block_size=facts.block_size,
+                hash_block_size=facts.hash_block_size,
+                ranks=1 if facts.replicated else world,
+                link=link,
+                disabled_reason=reason,
+            )
+            policy = getattr(self._kv_transfer_config, "kv_load_failure_policy", "recompute")
+            if policy == "fail":
+                log.warning(
+                    "infera-kvd: kv_load_failure_policy is 'fail', so a chunk that disappears between "
+                    "lookup and load fails its request; set it to 'recompute' (python -m "
+                    "infera.engine.vllm does this for you)"
+                )
+            if self._scheduler.enabled:
+                link.client()
+            log.info(
+                "infera-kvd: connector ready (namespace %s, chunk %d tokens, daemon %s)",
+                ns.name,
+                ns.chunk_tokens,
+                socket_path,
+            )
+        else:
+            from infera.engine.vllm.worker import WorkerHalf, block_count
+
+            self._worker = WorkerHalf(
+                ns,
+                env,
+                rank=rank,
+                replicated=facts.replicated,
+                link=link,
+                blockers=blockers,
+                num_blocks=block_count(kv_cache_config),
+                block_size=facts.block_size,
+            )
+
+    # -- properties vLLM asks about -----------------------------------------------------------
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """A cache, not a hand-off: a dropped save is a future miss, never lost output."""
+        return False
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
+        return None
+
+    # -- worker side ---------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        if self._worker is not None:
+            self._worker.register(kv_caches)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        meta = self._connector_metadata
+        if self._worker is not None and isinstance(meta, InferaKvdMetadata):
+            self._worker.load(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        return None
+
+    def wait_for_save(self) -> None:
+        meta = self._connector_metadata
+        if self._worker is not None and isinstance(meta, InferaKvdMetadata):
+            self._worker.save(meta)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return None, None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.take_load_errors() if self._worker is not None else set()
+
+    def handle_preemptions(self, arg: Any = None) -> None:
+        """Saves finish inside the step that computed them, so preemption has nothing to flush."""
+        return None
+
+    def shutdown(self) -> None:
+        for half in (self._worker, self._scheduler):
+            link = getattr(half, "link", None)
+            if link is not None:
+                link.close()
+
+    # -- scheduler side ----------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        try:
+            return self._scheduler.matched_tokens(request, num_computed_tokens)
+        except Exception:
+            log.exception("infera-kvd: lookup failed; treating the request as a miss")
+            return 0, False
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        try:
+            self._scheduler.after_alloc(request, blocks, num_external_tokens)
+        except Exception:
+            log.exception("infera-kvd: could not plan a load; those tokens will be recomputed")
+            self._scheduler.poison_load(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        meta: KVConnectorMetadata = self._scheduler.build_meta(scheduler_output)
+        return meta
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        if self._scheduler is not None:
+            self._scheduler.finished(request)
+        return False, None

@@ -1,0 +1,151 @@
+"""A connection to the kvd daemon that degrades instead of failing.
+
+The engine must keep serving when the daemon is down, restarting, or was never started: every
+call site asks :meth:`DaemonLink.client` for a connected client and treats None as "no cache
+right now" (a miss, a skipped save). A lost connection is logged once per outage, counted, and
+retried with exponential backoff; the reconnect is logged too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from infera.engine.vllm.keys import Namespace
+from infera.kvd.client import KvdClient, KvdClientError, KvdRefused
+
+log = logging.getLogger("infera.engine.vllm")
+
+
+class DaemonLink:
+    """Lazily (re)connects; ``client()`` never raises."""
+
+    def __init__(
+        self,
+        socket_path: str,
+        namespace: Namespace,
+        *,
+        role: str,
+        name: str,
+        model: str,
+        want_arena: bool,
+        retry_initial_s: float = 1.0,
+        retry_max_s: float = 15.0,
+        timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_connect: Callable[[KvdClient], None] | None = None,
+    ) -> None:
+        self.socket_path = socket_path
+        self.namespace = namespace
+        self.role = role
+        self.name = name
+        self.model = model
+        self.want_arena = want_arena
+        self.retry_initial_s = retry_initial_s
+        self.retry_max_s = retry_max_s
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self.on_connect = on_connect
+        self._client: KvdClient | None = None
+        self._next_try = 0.0
+        self._backoff = retry_initial_s
+        self._down_since: float | None = None
+        self._lock = threading.Lock()
+        self.counters: dict[str, int] = {"connects": 0, "connect_failures": 0, "outages": 0}
+        self.last_error = ""
+
+    @property
+    def connected(self) -> bool:
+        return self._client is not None
+
+    def client(self) -> KvdClient | None:
+        """The connected client, or None while the daemon is unreachable (retries on backoff)."""
+        client = self._client
+        if client is not None:
+            return client
+        with self._lock:
+            if self._client is not None:
+                return self._client
+            now = self.clock()
+            if now < self._next_try:
+                return None
+            try:
+                client = KvdClient(
+                    self.socket_path,
+                    namespace=self.namespace.name,
+                    name=self.name,
+                    role=self.role,
+                    model=self.model,
+                    hash_settings=self.namespace.hash_settings,
+                    hash_fingerprint=self.namespace.hash_fingerprint,
+                    chunk_tokens=self.namespace.chunk_tokens,
+                    want_arena=self.want_arena,
+                    timeout=self.timeout_s,
+                )
+            except KvdClientError as exc:
+                self._note_failure(exc, connecting=True)
+                return None
+            if self.on_connect is not None:
+                try:
+                    self.on_connect(client)
+                except Exception as exc:
+                    client.close()
+                    self._note_failure(exc, connecting=True)
+                    return None
+            self.counters["connects"] += 1
+            if self._down_since is not None:
+                log.info(
+                    "infera-kvd: reconnected to %s after %.1f s; offload is back",
+                    self.socket_path,
+                    now - self._down_since,
+                )
+            self._down_since = None
+            self._backoff = self.retry_initial_s
+            self._client = client
+            return client
+
+    def failed(self, exc: BaseException) -> None:
+        """Report that a call on the current client failed: drop it and start backing off."""
+        with self._lock:
+            client, self._client = self._client, None
+            if client is not None:
+                client.close()
+            self._note_failure(exc, connecting=False)
+
+    def _note_failure(self, exc: BaseException, connecting: bool) -> None:
+        now = self.clock()
+        self.last_error = str(exc)
+        if connecting:
+            self.counters["connect_failures"] += 1
+        if self._down_since is None:
+            self._down_since = now
+            self.counters["outages"] += 1
+            hint = " (this uid is not allowed)" if isinstance(exc, KvdRefused) else ""
+            log.warning(
+                "infera-kvd: daemon at %s unreachable%s: %s; serving by recompute, retrying in the background",
+                self.socket_path,
+                hint,
+                exc,
+            )
+        else:
+            log.debug("infera-kvd: daemon still unreachable: %s", exc)
+            self._backoff = min(self._backoff * 2, self.retry_max_s)
+        self._next_try = now + self._backoff
+
+    def report(self, **fields: Any) -> None:
+        client = self._client
+        if client is None:
+            return
+        try:
+            client.report(**fields)
+        except KvdClientError as exc:
+            self.failed(exc)
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()

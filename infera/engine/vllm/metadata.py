@@ -1,0 +1,43 @@
+"""What the scheduler half sends the worker half each step (pickled across processes).
+
+Workers never see block hashes or requests: each job is a list of chunks, each chunk its hash
+(the worker adds its rank and the namespace to make the key) and the block ids it covers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+
+@dataclass
+class ChunkJob:
+    """One chunk of one request.
+
+    ``block_ids`` are the engine blocks the chunk covers, in order. A load writes only blocks
+    ``skip`` to ``stop``: the leading ones are already in the engine from its own prefix cache
+    (and may be shared with other requests), trailing ones beyond the tokens vLLM accepted are
+    left to be computed.
+    """
+
+    chunk_hash: bytes
+    block_ids: list[int]
+    skip: int = 0
+    stop: int | None = None
+
+
+@dataclass
+class RequestJob:
+    req_id: str
+    chunks: list[ChunkJob]
+    retention: str = "long"
+
+
+@dataclass
+class InferaKvdMetadata(KVConnectorMetadata):
+    loads: list[RequestJob] = field(default_factory=list)
+    saves: list[RequestJob] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not (self.loads or self.saves)

@@ -1,0 +1,126 @@
+"""Run one real vLLM engine (in-process, CPU) through a list of steps; print one JSON result.
+
+Used by the tests in this directory so that each engine is a fresh Python process, exactly as
+two engines on one host are. Usage: ``python engine_runner.py SPEC.json``, where the spec is::
+
+    {"model": DIR, "kv_transfer_config": {...} | null, "kv_cache_bytes": N, "max_model_len": N,
+     "steps": [{"op": "generate", "name": "p1", "prompt": [ids], "max_tokens": 8,
+                "retention": "long" | null},
+               {"op": "reset_prefix_cache"},
+               {"op": "noise", "name": "p1", "prompt": [ids]},
+               {"op": "keys", "name": "p1", "prompt": [ids]},
+               {"op": "start_daemon_probe"}]}
+
+The last line of stdout is ``RESULT {json}`` with one entry per step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+
+def _counters(llm: Any) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for m in llm.get_metrics():
+        if m.name in (
+            "vllm:external_prefix_cache_hits",
+            "vllm:external_prefix_cache_queries",
+            "vllm:prefix_cache_hits",
+        ):
+            out[m.name.split(":", 1)[1]] = float(getattr(m, "value", 0) or 0)
+    return out
+
+
+def _chunk_keys(llm: Any, prompt: list[int]) -> tuple[Any, list[bytes]]:
+    from infera.engine.vllm.prewarm import prompt_keys
+
+    ns, keys, _chunks = prompt_keys(llm.llm_engine.vllm_config, prompt)
+    return ns, keys
+
+
+def main() -> None:
+    with open(sys.argv[1]) as fh:
+        spec = json.load(fh)
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kw: dict[str, Any] = {}
+    if spec.get("kv_transfer_config") is not None:
+        kw["kv_transfer_config"] = spec["kv_transfer_config"]
+    started = time.monotonic()
+    llm = LLM(
+        model=spec["model"],
+        skip_tokenizer_init=True,
+        enable_prefix_caching=True,
+        max_model_len=spec.get("max_model_len", 2048),
+        max_num_seqs=4,
+        seed=0,
+        enforce_eager=True,
+        kv_cache_memory_bytes=spec.get("kv_cache_bytes", 32 << 20),
+        disable_log_stats=False,
+        **kw,
+    )
+    results: list[dict[str, Any]] = [{"op": "start", "seconds": round(time.monotonic() - started, 2)}]
+    for step in spec["steps"]:
+        op = step["op"]
+        res: dict[str, Any] = {"op": op, "name": step.get("name")}
+        if op == "generate":
+            extra: dict[str, Any] = {}
+            if step.get("retention") is not None:
+                extra["kv_transfer_params"] = {"infera_retention": step["retention"]}
+            sp = SamplingParams(
+                temperature=0.0,
+                max_tokens=step.get("max_tokens", 8),
+                ignore_eos=True,
+                extra_args=extra or None,
+            )
+            before = _counters(llm)
+            t0 = time.perf_counter()
+            out = llm.generate([TokensPrompt(prompt_token_ids=step["prompt"])], sp, use_tqdm=False)
+            res["seconds"] = round(time.perf_counter() - t0, 4)
+            after = _counters(llm)
+            res["tokens"] = list(out[0].outputs[0].token_ids)
+            res["num_cached_tokens"] = out[0].num_cached_tokens
+            res["external_hits"] = after.get("external_prefix_cache_hits", 0) - before.get(
+                "external_prefix_cache_hits", 0
+            )
+            res["external_queries"] = after.get("external_prefix_cache_queries", 0) - before.get(
+                "external_prefix_cache_queries", 0
+            )
+        elif op == "reset_prefix_cache":
+            res["ok"] = bool(llm.reset_prefix_cache())
+        elif op in ("keys", "noise"):
+            from infera.kvd.client import KvdClient
+
+            ns, keys = _chunk_keys(llm, step["prompt"])
+            res["namespace"] = ns.name
+            res["keys"] = [k.hex() for k in keys]
+            with KvdClient(os.environ["INFERA_KVD_SOCKET"], namespace=ns.name, name="test-noise") as c:
+                res["present"] = c.lookup(keys)
+                if op == "noise":
+                    import torch
+
+                    g = torch.Generator().manual_seed(1)
+                    overwritten = 0
+                    for key in keys:
+                        old = c.get(key)
+                        if old is None:
+                            continue
+                        noise = (torch.randn(len(old) // 2, generator=g) * 5).to(torch.bfloat16)
+                        c.put(key, noise.view(torch.uint8).numpy().tobytes(), overwrite=True)
+                        overwritten += 1
+                    res["overwritten"] = overwritten
+        elif op == "sleep":
+            time.sleep(step.get("seconds", 1.0))
+        else:
+            raise SystemExit(f"unknown op {op!r}")
+        results.append(res)
+    print("RESULT " + json.dumps(results), flush=True)
+
+
+if __name__ == "__main__":
+    main()
