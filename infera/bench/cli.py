@@ -26,5 +26,51 @@ def arena(
     )
 
 
+@bench_app.command("disk")
+def disk(
+    path: str = typer.Option(
+        None, "--path", help="Directory on the filesystem to measure (default: $TMPDIR, else /var/tmp)."
+    ),
+    chunks: int = typer.Option(64, "--chunks", help="Chunks written and read back."),
+    chunk_size: str = typer.Option("4M", "--chunk-size", help="Size of each chunk."),
+    files: int = typer.Option(
+        100_000, "--files", help="Chunk files on disk for the start-time test (0: skip)."
+    ),
+    fsync: str = typer.Option(
+        "data", "--fsync", help="Durability policy for both sides: none, data, always."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """The disk tier vs raw file I/O (write, cold read); daemon start time with many chunk files."""
+    from infera.bench.disk import run_disk_bench
+    from infera.clikit import run_guarded
+
+    run_guarded(
+        run_disk_bench,
+        path=path,
+        chunks=chunks,
+        chunk_size=chunk_size,
+        files=files,
+        fsync=fsync,
+        json_out=json_out,
+    )
+
+
+@bench_app.command("top-render")
+def top_render(
+    clients: int = typer.Option(
+        200, "--clients", help="Clients in the STATS reply (rows of the client table)."
+    ),
+    history: int = typer.Option(10_000, "--history", help="Points in each sparkline series."),
+    frames: int = typer.Option(20, "--frames", help="Frames measured (after 3 warm-up frames)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """`kvd top` frame render time vs its 50 ms budget and vs an empty frame."""
+    from infera.bench.top_render import run_top_render_bench
+    from infera.clikit import run_guarded
+
+    run_guarded(run_top_render_bench, clients=clients, history=history, frames=frames, json_out=json_out)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(bench_app, name="bench")

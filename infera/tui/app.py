@@ -19,7 +19,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import ModalScreen, Screen
-from textual.widgets import DataTable, Footer, Sparkline, Static
+from textual.widgets import Footer, Sparkline, Static
 
 from infera.tui import panels
 from infera.tui.model import (
@@ -32,6 +32,7 @@ from infera.tui.model import (
     format_rate,
     next_sort,
 )
+from infera.tui.table import ClientTable
 
 HELP = """\
 [b]kvd top[/b]: live counters of one kvd daemon
@@ -40,7 +41,7 @@ HELP = """\
 [b]p[/b]   pause / resume refreshing (the daemon is not polled while paused)
 [b]s[/b]   cycle the client-table sort: pid, name, role, namespace, data path, requests
 [b]?[/b]   this help (escape closes it)
-arrows / page keys move through the client table
+arrows / page keys scroll the client table
 
 [b]cache[/b]      hits, misses and hit ratio overall and per tier; [i]recent[/i] covers the last refresh only
 [b]rates[/b]      per second, from the difference between two refreshes; sparklines cover the last
@@ -158,8 +159,9 @@ class TopApp(App[int]):
         self._polling = False
         self._client: Any = None
         self._client_lock = threading.Lock()
-        self._table_rows: list[tuple[str, list[str]]] = []
         self._shown = False
+        self._statics: dict[str, Static] = {}
+        self._shapes: dict[str, object] = {}
 
     # -- layout -----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -182,7 +184,7 @@ class TopApp(App[int]):
                 yield Static(id="capacity", classes="box")
                 yield Static(id="health", classes="box")
             yield Static(id="long", classes="box")
-        yield DataTable(id="clients", classes="box", cursor_type="row", zebra_stripes=True)
+        yield ClientTable(panels.CLIENT_COLUMNS, panels.RIGHT_ALIGNED, id="clients", classes="box")
         yield Static(id="warnings", classes="box")
 
     @property
@@ -200,9 +202,7 @@ class TopApp(App[int]):
             ("warnings", "warnings"),
         ):
             self.main.query_one(f"#{wid}").border_title = title
-        table = self.main.query_one("#clients", DataTable)
-        for col in panels.CLIENT_COLUMNS:
-            table.add_column(col, key=col)
+        self.main.query_one(ClientTable).focus(scroll_visible=False)
         self._shown = True
         self.render_all()
         if self.poll:
@@ -211,7 +211,7 @@ class TopApp(App[int]):
 
     # -- polling (worker thread) ------------------------------------------------------------
     def _tick(self) -> None:
-        if self.paused or self._polling:
+        if self.paused or self._polling or not self._live:
             return
         self._polling = True
         self.run_worker(self._poll, thread=True, group="poll", exit_on_error=False)
@@ -245,14 +245,24 @@ class TopApp(App[int]):
             except Exception:
                 pass
 
+    @property
+    def _live(self) -> bool:
+        """True while the dashboard screen exists (messages can still arrive while quitting)."""
+        return self._shown and bool(self.screen_stack)
+
     def on_stats_arrived(self, message: StatsArrived) -> None:
         self._polling = False
-        if not self.paused:
-            self.show_stats(message.stats, message.at)
+        if self._live and not self.paused:
+            try:
+                self.show_stats(message.stats, message.at)
+            except Exception as exc:  # a reply this version cannot draw: say so, keep running
+                self.connected = False
+                self.reason = f"cannot show the daemon's reply ({type(exc).__name__}: {exc})"
+                self.render_status()
 
     def on_poll_failed(self, message: PollFailed) -> None:
         self._polling = False
-        if self.paused:
+        if self.paused or not self._live:
             return
         if self.connected or self.reason != message.reason:
             self.connected = False
@@ -261,6 +271,7 @@ class TopApp(App[int]):
             self.render_status()
 
     def on_unmount(self) -> None:
+        self._shown = False
         if self._client_lock.acquire(timeout=0.2):
             try:
                 self._drop_client()
@@ -281,76 +292,73 @@ class TopApp(App[int]):
             self.notify(f"connected to kvd pid {stats.get('pid', '?')}", timeout=3)
         self.render_all()
 
+    def _put(self, wid: str, content: Any, shape: object = None) -> None:
+        """Update one Static; ask for a new layout only when its shape (line count) may differ."""
+        widget = self._statics.get(wid)
+        if widget is None:
+            widget = self._statics[wid] = self.main.query_one(f"#{wid}", Static)
+        widget.update(content, layout=self._shapes.get(wid, ...) != shape)
+        self._shapes[wid] = shape
+
     def render_status(self) -> None:
-        self.main.query_one("#status", Static).update(
-            panels.status_line(
-                self.stats,
-                self.socket,
-                connected=self.connected,
-                reason=self.reason,
-                paused=self.paused,
-                interval=self.interval,
-                last_seen=self.last_seen,
-            )
+        status = panels.status_line(
+            self.stats,
+            self.socket,
+            connected=self.connected,
+            reason=self.reason,
+            paused=self.paused,
+            interval=self.interval,
+            last_seen=self.last_seen,
         )
+        self._put("status", status)
 
     def render_all(self) -> None:
         self.frames += 1
         stats: Mapping[str, Any] = self.stats or {}
+        long = panels.long_tier(stats)
         self.render_status()
-        self.main.query_one("#cache", Static).update(panels.cache_table(stats, self.sample))
+        self._put("cache", panels.cache_table(stats, self.sample))
         rates = self.sample.rates if self.sample else {}
         for name, (_counter, label, is_bytes) in SERIES.items():
             series = list(self.history.series[name])
             value = format_rate(rates[name], is_bytes) if name in rates else "–"
             peak = format_rate(max(series), is_bytes) if series else "–"
-            self.main.query_one(f"#rate-{name}", Static).update(
-                f"[b]{label:<10}[/b] {value:>14}\n[dim]{'peak':<10} {peak:>14}[/dim]"
-            )
+            self._put(f"rate-{name}", f"[b]{label:<10}[/b] {value:>14}\n[dim]{'peak':<10} {peak:>14}[/dim]")
             self.main.query_one(f"#spark-{name}", Sparkline).data = series
         span = self.history.span_s(self.interval)
-        self.main.query_one("#rates-note", Static).update(
-            f"[dim]sparklines: last {format_duration(span)} at one point per {self.interval:g}s[/dim]"
+        self._put(
+            "rates-note",
+            f"[dim]sparklines: last {format_duration(span)} at one point per {self.interval:g}s[/dim]",
         )
-        self.main.query_one("#capacity", Static).update(panels.capacity_text(stats))
-        self.main.query_one("#health", Static).update(panels.health_table(stats))
-        self.main.query_one("#long", Static).update(panels.long_table(stats))
+        self._put("capacity", panels.capacity_text(stats), long is None)
+        self._put("health", panels.health_table(stats), long is None)
+        long_shape = (tuple(long), len(str(long.get("last_error") or ""))) if long else None
+        self._put("long", panels.long_table(stats), long_shape)
         self.render_clients()
-        self.main.query_one("#warnings", Static).update(panels.warnings_text(stats))
+        warnings = panels.warning_lines(stats)
+        self._put("warnings", panels.warnings_text(stats), tuple(len(w) for w in warnings))
 
     def render_clients(self) -> None:
-        stats: Mapping[str, Any] = self.stats or {}
-        table = self.main.query_one("#clients", DataTable)
-        rows = panels.client_rows(stats, self.sort)
+        table = self.main.query_one(ClientTable)
+        rows = panels.client_rows(self.stats or {}, self.sort)
         table.border_title = f"clients ({len(rows)}), sorted by {self.sort} (s to change)"
-        plain = [(key, [c.plain for c in cells]) for key, cells in rows]
-        if plain == self._table_rows:
-            return
-        self._table_rows = plain
-        keep = None
-        if table.row_count and table.cursor_row < table.row_count:
-            keep = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
-        table.clear()
-        for key, cells in rows:
-            table.add_row(*cells, key=key)
-        if keep is not None and keep in table.rows:
-            table.move_cursor(row=table.get_row_index(keep), animate=False)
+        table.set_rows(rows)
 
     # -- keys -------------------------------------------------------------------------------
     def action_pause(self) -> None:
         self.paused = not self.paused
 
     def watch_paused(self, paused: bool) -> None:
-        if self._shown:
+        if self._live:
             self.render_status()
-        if not paused and self.poll and self._shown:
+        if not paused and self.poll and self._live:
             self._tick()
 
     def action_sort(self) -> None:
         self.sort = next_sort(self.sort)
 
     def watch_sort(self) -> None:
-        if self._shown:
+        if self._live:
             self.render_clients()
 
     def action_help(self) -> None:

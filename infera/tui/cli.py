@@ -18,7 +18,7 @@ def top(
     interval: float = typer.Option(1.0, "--interval", help="Seconds between refreshes (0.1 to 3600)."),
 ) -> None:
     """Live dashboard of a running daemon: hit ratio, rates, fill, clients, warnings (q quits, ? helps)."""
-    from infera.cli import run_guarded
+    from infera.clikit import run_guarded
 
     code = run_guarded(run_top, socket, interval)
     raise typer.Exit(code or 0)

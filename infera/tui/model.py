@@ -8,6 +8,7 @@ Nothing here imports Textual, so tests and the render benchmark can use it on it
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ class Sample:
 
 def _counter(stats: Mapping[str, Any], key: str) -> float:
     value = stats.get(key, 0)
-    return float(value) if isinstance(value, int | float) else 0.0
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else 0.0
 
 
 class History:
@@ -99,7 +100,7 @@ class History:
 
 # sort name -> function giving a client row's sort key; `s` cycles through them in this order
 SORTS: dict[str, Any] = {
-    "pid": lambda c: (_int(c.get("pid")), c.get("id", 0)),
+    "pid": lambda c: (_int(c.get("pid")), _int(c.get("id"))),
     "name": lambda c: (str(c.get("name") or ""), _int(c.get("pid"))),
     "role": lambda c: (str(c.get("role") or ""), _int(c.get("pid"))),
     "namespace": lambda c: (str(c.get("namespace") or ""), _int(c.get("pid"))),
@@ -110,6 +111,8 @@ SORT_ORDER = tuple(SORTS)
 
 
 def _int(value: Any) -> int:
+    if isinstance(value, float) and not math.isfinite(value):
+        return 0
     return int(value) if isinstance(value, int | float) else 0
 
 

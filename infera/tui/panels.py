@@ -55,12 +55,16 @@ CLIENT_COLUMNS = (
     "up",
     "fallback reason",
 )
-_RIGHT = {CLIENT_COLUMNS.index(c) for c in ("pid", "requests", "leases", "up")}
+RIGHT_ALIGNED = {CLIENT_COLUMNS.index(c) for c in ("pid", "requests", "leases", "up")}
 _EIGHTHS = " ▏▎▍▌▋▊▉"
 
 
 def _map(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def long_tier(stats: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -114,7 +118,9 @@ def status_line(
     if stats:
         out.append(f"  kvd {stats.get('version', '?')}  pid {stats.get('pid', '?')}")
         out.append(f"  up {format_duration(stats.get('uptime_s', 0))}")
-        out.append(f"  clients {format_count(stats.get('clients_connected', len(stats.get('clients', []))))}")
+        out.append(
+            f"  clients {format_count(stats.get('clients_connected', len(_list(stats.get('clients')))))}"
+        )
     return out
 
 
@@ -166,14 +172,14 @@ def capacity_text(stats: Mapping[str, Any], width: int = 30) -> Text:
     frac = fill(used, cap)
     out.append("arena ", style="bold")
     out.append(bar(frac, width))
-    out.append(f" {pct(frac):>6}  {format_size(used)} of {format_size(cap)}")
+    out.append(f" {pct(frac):>6}  {format_size(_num(used))} of {format_size(_num(cap))}")
     long = long_tier(stats)
     if long is not None:
         lused, lcap = long.get("bytes_used", 0), long.get("capacity", 0)
         lfrac = fill(lused, lcap)
         out.append("\nlong  ", style="bold")
         out.append(bar(lfrac, width))
-        total = f" of {format_size(lcap)}" if fill(lused, lcap) is not None else " (no capacity limit)"
+        total = f" of {format_size(_num(lcap))}" if fill(lused, lcap) is not None else " (no capacity limit)"
         out.append(f" {pct(lfrac):>6}  {format_size(_num(lused))}{total}")
     return out
 
@@ -256,7 +262,7 @@ def long_table(stats: Mapping[str, Any]) -> Table | Text:
         "read / written",
         f"{format_size(_num(long.get('bytes_read')))} / {format_size(_num(long.get('bytes_written')))}",
     )
-    if isinstance(long.get("index_load_s"), int | float):
+    if isinstance(long.get("index_load_s"), int | float) and not isinstance(long.get("index_load_s"), bool):
         t.add_row("index load", f"{long['index_load_s']:.2f} s")
     for key, value in long_extras(long):
         t.add_row(key, value)
@@ -265,16 +271,15 @@ def long_table(stats: Mapping[str, Any]) -> Table | Text:
     return t
 
 
-def client_cells(client: Mapping[str, Any]) -> list[Text]:
-    """One row of the client table; a fallback row is highlighted, and its last cell says why it
-    fell back (last, so a long reason never pushes the other columns off screen)."""
-    fallback = bool(client.get("fallback"))
+def client_cells(client: Mapping[str, Any]) -> list[str]:
+    """One row of the client table. A fallback row's last cell says why it fell back (last, so a
+    long reason never pushes the other columns off screen)."""
     path = str(client.get("data_path") or "arena")
     reason = ""
-    if fallback:
+    if client.get("fallback"):
         path += " (fallback)"
         reason = str(client.get("fallback_reason") or "no reason given")
-    values = [
+    return [
         str(client.get("pid", "")),
         str(client.get("name") or ""),
         str(client.get("role") or ""),
@@ -287,20 +292,21 @@ def client_cells(client: Mapping[str, Any]) -> list[Text]:
         format_duration(client.get("connected_s", 0)),
         reason,
     ]
-    style = "bold yellow" if fallback else ""
-    return [Text(v, style=style, justify="right" if i in _RIGHT else "left") for i, v in enumerate(values)]
 
 
-def client_rows(stats: Mapping[str, Any], sort: str) -> list[tuple[str, list[Text]]]:
-    """(row key, cells) for every client, in the order of ``sort``."""
-    clients = [c for c in stats.get("clients", []) if isinstance(c, Mapping)]
-    return [(str(c.get("id", c.get("pid"))), client_cells(c)) for c in sort_clients(clients, sort)]
+def client_rows(stats: Mapping[str, Any], sort: str) -> list[tuple[str, list[str], bool]]:
+    """``(row key, cells, fell back)`` for every client, in the order of ``sort``."""
+    clients = [c for c in _list(stats.get("clients")) if isinstance(c, Mapping)]
+    return [
+        (str(c.get("id", c.get("pid"))), client_cells(c), bool(c.get("fallback")))
+        for c in sort_clients(clients, sort)
+    ]
 
 
 def warning_lines(stats: Mapping[str, Any]) -> list[str]:
     """The daemon's own warnings, then one line per client that fell back to a slower path."""
-    out = [str(w) for w in stats.get("warnings", []) or []]
-    for c in stats.get("clients", []):
+    out = [str(w) for w in _list(stats.get("warnings"))]
+    for c in _list(stats.get("clients")):
         if isinstance(c, Mapping) and c.get("fallback"):
             out.append(
                 f"pid {c.get('pid')} ({c.get('name') or '?'}) fell back to {c.get('data_path') or '?'}: "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 
 from infera.tui import panels
@@ -123,12 +125,67 @@ def test_warnings_include_daemon_warnings_fallbacks_and_a_degraded_long_tier() -
     assert any("mooncake is degraded" in line for line in lines)
 
 
-def test_fallback_rows_are_highlighted_and_say_why() -> None:
-    rows = dict(panels.client_rows(RECORDED, "pid"))
+def test_fallback_rows_are_flagged_and_say_why() -> None:
+    rows = {key: (cells, flagged) for key, cells, flagged in panels.client_rows(RECORDED, "pid")}
     fallback = next(c for c in RECORDED["clients"] if c["fallback"])
-    cells = rows[str(fallback["id"])]
-    assert cells[6].plain == "posix (fallback)"
-    assert cells[-1].plain.startswith("GPU-direct unavailable")
-    assert all("yellow" in str(c.style) for c in cells)
+    cells, flagged = rows[str(fallback["id"])]
+    assert flagged
+    assert cells[6] == "posix (fallback)"
+    assert cells[-1].startswith("GPU-direct unavailable")
     normal = next(c for c in RECORDED["clients"] if not c["fallback"])
-    assert all(not c.style for c in rows[str(normal["id"])])
+    assert rows[str(normal["id"])][1] is False
+
+
+JSONISH = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+FIELDS = [
+    "gets_total",
+    "sets_total",
+    "hits_total",
+    "misses_total",
+    "lookups_total",
+    "lookup_keys_total",
+    "lookup_hit_keys_total",
+    "chunks",
+    "arena_bytes_used",
+    "arena_bytes_capacity",
+    "evictions_total",
+    "clients",
+    "warnings",
+    "tiers",
+    "pid",
+    "uptime_s",
+    "version",
+    "clients_connected",
+    "long_backend",
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.dictionaries(st.sampled_from(FIELDS), JSONISH, max_size=8),
+    st.dictionaries(st.sampled_from(["backend", "state", "chunks", "capacity", "bytes_used", "x"]), JSONISH),
+    st.lists(
+        st.dictionaries(st.sampled_from(["pid", "name", "fallback", "requests", "id"]), JSONISH), max_size=3
+    ),
+)
+def test_panels_never_raise_on_odd_replies(top: dict, long: dict, clients: list) -> None:
+    """A newer or older daemon may send fields of other types; the screen must still draw."""
+    variants = [top, {**top, "tiers": {"long": long}}, {**top, "clients": clients}]
+    for stats in variants:
+        for render in (panels.capacity_text, panels.health_table, panels.long_table, panels.warnings_text):
+            _plain(render(stats))
+        _plain(panels.cache_table(stats, None))
+        _plain(panels.status_line(stats, "/s", connected=True))
+        for sort in SORT_ORDER:
+            panels.client_rows(stats, sort)
+        h = History(3)
+        h.add(stats, 0.0)
+        h.add(stats, 1.0)
