@@ -32,6 +32,40 @@ def serve(
     fsync: str = typer.Option(
         "data", "--fsync", help="Disk tier durability: none, data (fdatasync each file) or always."
     ),
+    mooncake_master: str = typer.Option(
+        None,
+        "--mooncake-master",
+        envvar="INFERA_KVD_MOONCAKE_MASTER",
+        help="Mooncake master RPC address HOST:PORT (or etcd://HOST:PORT for an HA master).",
+    ),
+    mooncake_metadata: str = typer.Option(
+        None,
+        "--mooncake-metadata",
+        envvar="INFERA_KVD_MOONCAKE_METADATA",
+        help="Mooncake metadata service: http://HOST:PORT/metadata, etcd://HOST:PORT or "
+        "P2PHANDSHAKE [default: P2PHANDSHAKE].",
+    ),
+    mooncake_protocol: str = typer.Option(
+        None, "--mooncake-protocol", envvar="INFERA_KVD_MOONCAKE_PROTOCOL", help="tcp or rdma [default: tcp]."
+    ),
+    mooncake_device: str = typer.Option(
+        None, "--mooncake-device", envvar="INFERA_KVD_MOONCAKE_DEVICE", help="RDMA device names, e.g. mlx5_0."
+    ),
+    mooncake_segment_bytes: str = typer.Option(
+        None,
+        "--mooncake-segment-bytes",
+        envvar="INFERA_KVD_MOONCAKE_SEGMENT_BYTES",
+        help="Memory this daemon lends to the Mooncake pool [default: 0, data lives on storage nodes].",
+    ),
+    mooncake_buffer_bytes: str = typer.Option(
+        None,
+        "--mooncake-buffer-bytes",
+        envvar="INFERA_KVD_MOONCAKE_BUFFER_BYTES",
+        help="Mooncake client transfer buffer [default: 16M].",
+    ),
+    lmcache_url: str = typer.Option(
+        None, "--lmcache-url", envvar="INFERA_KVD_LMCACHE_URL", help="lmcache_server address lm://HOST:PORT."
+    ),
 ) -> None:
     """Run the per-host kvd daemon."""
     from infera.clikit import run_guarded
@@ -53,6 +87,13 @@ def serve(
             ephemeral_ttl=ephemeral_ttl,
             fsync=fsync,
             supported_backends=SUPPORTED,
+            mooncake_master=mooncake_master,
+            mooncake_metadata=mooncake_metadata,
+            mooncake_protocol=mooncake_protocol,
+            mooncake_device=mooncake_device,
+            mooncake_segment_bytes=mooncake_segment_bytes,
+            mooncake_buffer_bytes=mooncake_buffer_bytes,
+            lmcache_url=lmcache_url,
         )
         return run_daemon(cfg)
 

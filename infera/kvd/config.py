@@ -41,6 +41,13 @@ class DaemonConfig:
     fsync: str = "data"
     long_write_queue: int = 256
     long_writers: int = 2
+    mooncake_master: str | None = None
+    mooncake_metadata: str = "P2PHANDSHAKE"
+    mooncake_protocol: str = "tcp"
+    mooncake_device: str = ""
+    mooncake_segment_bytes: int = 0
+    mooncake_buffer_bytes: int = 16 << 20
+    lmcache_url: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
     def allowed(self, uid: int) -> bool:
@@ -96,6 +103,13 @@ def build_config(
     ephemeral_ttl: str,
     fsync: str = "data",
     supported_backends: tuple[str, ...] = (),
+    mooncake_master: str | None = None,
+    mooncake_metadata: str | None = None,
+    mooncake_protocol: str | None = None,
+    mooncake_device: str | None = None,
+    mooncake_segment_bytes: str | None = None,
+    mooncake_buffer_bytes: str | None = None,
+    lmcache_url: str | None = None,
 ) -> DaemonConfig:
     """Validate flag values into a DaemonConfig (raises UsageError with a one-line message)."""
     cfg = DaemonConfig()
@@ -145,9 +159,77 @@ def build_config(
         if cfg.long_bytes < MIN_ARENA:
             raise UsageError(f"--long-bytes: {long_bytes} is below the 1M minimum")
     cfg.long_backend = backend
+    if backend == "mooncake":
+        _mooncake_config(
+            cfg,
+            mooncake_master,
+            mooncake_metadata,
+            mooncake_protocol,
+            mooncake_device,
+            mooncake_segment_bytes,
+            mooncake_buffer_bytes,
+        )
+    elif backend == "lmcache":
+        cfg.lmcache_url = _lmcache_url(lmcache_url)
     if backend is not None and backend not in supported_backends:
         raise UsageError(
             f"the {backend!r} long tier is not available in this build of infera-kvd",
             hint="run with the RAM tier only (drop --long-path/--long-backend) until it lands",
         )
     return cfg
+
+
+METADATA_SCHEMES = ("http://", "https://", "etcd://", "redis://")
+
+
+def _mooncake_config(
+    cfg: DaemonConfig,
+    master: str | None,
+    metadata: str | None,
+    protocol: str | None,
+    device: str | None,
+    segment: str | None,
+    buffer: str | None,
+) -> None:
+    """Validate the ``--mooncake-*`` flags (each also read from ``INFERA_KVD_MOONCAKE_*``)."""
+    if not master:
+        raise UsageError(
+            "--long-backend mooncake needs --mooncake-master HOST:PORT",
+            hint="the address of mooncake_master's RPC port, or etcd://HOST:PORT for an HA master; "
+            "also read from INFERA_KVD_MOONCAKE_MASTER",
+        )
+    target = master.split("://", 1)[1] if "://" in master else master
+    host, sep, port = target.split(",", 1)[0].rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--mooncake-master: {master!r} is not HOST:PORT", hint="e.g. 10.0.0.5:50051")
+    cfg.mooncake_master = master
+    meta = metadata or "P2PHANDSHAKE"
+    if meta != "P2PHANDSHAKE" and not meta.startswith(METADATA_SCHEMES):
+        raise UsageError(
+            f"--mooncake-metadata: {meta!r} is not a metadata service URL",
+            hint="http://HOST:PORT/metadata (the master's --enable_http_metadata_server), "
+            "etcd://HOST:PORT, redis://HOST:PORT or P2PHANDSHAKE",
+        )
+    cfg.mooncake_metadata = meta
+    proto = (protocol or "tcp").lower()
+    if proto not in ("tcp", "rdma"):
+        raise UsageError(f"--mooncake-protocol: {protocol!r} is not tcp or rdma")
+    cfg.mooncake_protocol = proto
+    cfg.mooncake_device = device or ""
+    if segment is not None:
+        cfg.mooncake_segment_bytes = parse_size(segment, "--mooncake-segment-bytes")
+    if buffer is not None:
+        cfg.mooncake_buffer_bytes = parse_size(buffer, "--mooncake-buffer-bytes")
+
+
+def _lmcache_url(url: str | None) -> str:
+    if not url:
+        raise UsageError(
+            "--long-backend lmcache needs --lmcache-url lm://HOST:PORT",
+            hint="the address of a running lmcache_server; also read from INFERA_KVD_LMCACHE_URL",
+        )
+    rest = url[len("lm://") :] if url.startswith("lm://") else None
+    host, sep, port = (rest or "").rpartition(":")
+    if rest is None or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--lmcache-url: {url!r} is not lm://HOST:PORT", hint="e.g. lm://10.0.0.5:65432")
+    return url

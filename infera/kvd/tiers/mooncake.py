@@ -1,0 +1,246 @@
+"""``--long-backend mooncake``: the long tier is a Mooncake Store cluster shared by every daemon.
+
+The client is ``mooncake.store.MooncakeDistributedStore`` from the optional ``mooncake`` extra
+(``mooncake-transfer-engine-non-cuda`` on hosts without CUDA, ``mooncake-transfer-engine`` on
+GPU hosts; never both in one environment). What this module knows about its behaviour:
+
+* ``setup()`` blocks for about 90 s when no master answers, so the monitor thread probes the
+  master's port with a short TCP connect first and only then calls it, off the loop thread.
+* The whole arena is registered once, then values move with the scatter/gather calls
+  (``batch_put_from_multi_buffers`` / ``batch_get_into_multi_buffers``): header from a small
+  registered slot, payload straight from or into the arena, no copy in Python.
+* ``put`` on an existing key succeeds and keeps the old value (first writer wins), so an
+  overwrite removes the key first. ``get`` cannot tell a missing key from an error, so reads go
+  through ``get_size`` (``-704`` = missing) and ``get_into`` style calls that return codes.
+* ``-200`` means the segments are full (eviction runs asynchronously in the master): the write is
+  dropped and counted as backpressure. Reads take a lease that blocks ``remove`` for a while;
+  our removes are forced. A master restart loses every key (the tier rewrites what RAM holds).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from infera.errors import UsageError
+from infera.kvd.tiers.remote import HEADER, Region, RemoteTier, Transport, TransportError
+
+if TYPE_CHECKING:
+    from infera.kvd.config import DaemonConfig
+    from infera.kvd.server import Server
+
+NAME_PREFIX = "kvd1"
+PROBE_TIMEOUT_S = 0.5
+
+# Mooncake Store error codes (mooncake-store/include/types.h) the tier reacts to.
+ERRORS = {
+    -1: ("internal error", "error"),
+    -10: ("buffer overflow", "error"),
+    -101: ("segment not found", "error"),
+    -200: ("no available handle: the segments are full", "full"),
+    -400: ("invalid key", "error"),
+    -600: ("invalid parameters", "error"),
+    -703: ("replica not ready", "missing"),
+    -704: ("object not found", "missing"),
+    -705: ("object already exists", "error"),
+    -706: ("object has a lease", "error"),
+    -800: ("transfer failed", "error"),
+    -900: ("RPC to the master failed", "down"),
+}
+
+
+def code_error(rc: int, what: str) -> TransportError:
+    text, kind = ERRORS.get(rc, (f"error {rc}", "error"))
+    return TransportError(f"{what}: {text} ({rc})", kind)
+
+
+def mooncake_name(digest: bytes, key: bytes) -> str:
+    """The Mooncake key of chunk ``key`` in the namespace whose digest is ``digest``."""
+    return f"{NAME_PREFIX}/{digest[:8].hex()}/{key.hex()}"
+
+
+def parse_master(master: str) -> tuple[str, int]:
+    """The (host, port) to probe: the master itself, or the first etcd endpoint of an HA setup."""
+    target = master.split("://", 1)[1] if "://" in master else master
+    target = target.split(",", 1)[0].split(";", 1)[0]
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise UsageError(f"--mooncake-master: {master!r} is not HOST:PORT", hint="e.g. 10.0.0.5:50051")
+    return host.strip("[]"), int(port)
+
+
+def local_address(host: str, port: int) -> str:
+    """The address of this host on the route to the master (what peers must use to reach us)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((host, port))
+            addr = str(s.getsockname()[0])
+        except OSError:
+            addr = "127.0.0.1"
+    return addr
+
+
+class MooncakeTransport(Transport):
+    backend = "mooncake"
+
+    def __init__(
+        self,
+        master: str,
+        metadata: str,
+        protocol: str = "tcp",
+        device: str = "",
+        segment_bytes: int = 0,
+        buffer_bytes: int = 16 << 20,
+    ) -> None:
+        self.master = master
+        self.metadata = metadata
+        self.protocol = protocol
+        self.device = device
+        self.segment_bytes = segment_bytes
+        self.buffer_bytes = buffer_bytes
+        self.host, self.port = parse_master(master)
+        self.endpoint = master
+        self._store: Any = None
+        self._registered: list[int] = []
+        try:
+            from mooncake.store import MooncakeDistributedStore
+        except ImportError as exc:
+            raise UsageError(
+                f"--long-backend mooncake needs the Mooncake client, which does not import here ({exc})",
+                hint="pip install 'infera-kvd[mooncake]' (mooncake-transfer-engine-non-cuda) or "
+                "mooncake-transfer-engine on CUDA hosts; it needs libibverbs1",
+            ) from None
+        self._cls = MooncakeDistributedStore
+
+    @property
+    def connected(self) -> bool:
+        return self._store is not None
+
+    def probe(self) -> None:
+        try:
+            socket.create_connection((self.host, self.port), timeout=PROBE_TIMEOUT_S).close()
+        except OSError as exc:
+            raise TransportError(
+                f"master {self.host}:{self.port} does not answer ({exc.strerror or exc})", "down"
+            ) from None
+
+    def connect(self, arena: Region, slots: Region) -> None:
+        local = os.environ.get("MC_TCP_BIND_ADDRESS") or local_address(self.host, self.port)
+        # Without it the transfer engine advertises the first non-loopback interface.
+        os.environ.setdefault("MC_TCP_BIND_ADDRESS", local)
+        store = self._cls()
+        rc = store.setup(
+            local,
+            self.metadata,
+            self.segment_bytes,
+            self.buffer_bytes,
+            self.protocol,
+            self.device,
+            self.master,
+        )
+        if rc != 0:
+            raise TransportError(f"setup against master {self.master} failed ({rc})", "down")
+        for region in (arena, slots):
+            rc = store.register_buffer(region.ptr, region.view.nbytes)
+            if rc != 0:
+                store.close()
+                raise TransportError(f"registering {region.view.nbytes} bytes with Mooncake failed ({rc})")
+        self._registered = [arena.ptr, slots.ptr]
+        self._store = store
+
+    def _s(self) -> Any:
+        store = self._store
+        if store is None:
+            raise TransportError("not connected", "down")
+        return store
+
+    def name(self, digest: bytes, key: bytes) -> str:
+        return mooncake_name(digest, key)
+
+    def exists(self, name: str) -> bool:
+        rc = self._s().is_exist(name)
+        if rc < 0:
+            raise code_error(rc, "is_exist")
+        return rc == 1
+
+    def fetch(self, name: str, header: Region, alloc: Callable[[int], Region | None]) -> Region | None:
+        store = self._s()
+        size = store.get_size(name)
+        if size < 0:
+            raise code_error(size, "get_size")
+        if size < HEADER:
+            raise TransportError(f"a {size}-byte value cannot be a chunk", "corrupt")
+        region = alloc(size - HEADER)
+        if region is None:
+            return None
+        ptrs, sizes = [header.ptr], [HEADER]
+        if size > HEADER:
+            ptrs.append(region.ptr)
+            sizes.append(size - HEADER)
+        rc = store.batch_get_into_multi_buffers([name], [ptrs], [sizes])[0]
+        if rc < 0:
+            region.view.release()
+            raise code_error(rc, "get")
+        if rc != size:
+            region.view.release()
+            raise TransportError(f"read {rc} of {size} bytes", "corrupt")
+        return region
+
+    def put(self, name: str, header: Region, payload: Region, replace: bool) -> None:
+        store = self._s()
+        if replace:
+            store.remove(name, True)
+        ptrs, sizes = [header.ptr], [HEADER]
+        if payload.view.nbytes:
+            ptrs.append(payload.ptr)
+            sizes.append(payload.view.nbytes)
+        rc = store.batch_put_from_multi_buffers([name], [ptrs], [sizes])[0]
+        if rc < 0:
+            raise code_error(rc, "put")
+
+    def remove(self, name: str) -> bool:
+        rc = self._s().remove(name, True)
+        if rc == 0:
+            return True
+        if rc == -704:
+            return False
+        raise code_error(rc, "remove")
+
+    def close(self) -> None:
+        store, self._store = self._store, None
+        if store is None:
+            return
+        for ptr in self._registered:
+            store.unregister_buffer(ptr)
+        store.close()
+
+
+class MooncakeTier(RemoteTier):
+    """``--long-backend mooncake`` (flags ``--mooncake-*``, see docs/l4.md)."""
+
+    backend = "mooncake"
+
+    def __init__(self, cfg: DaemonConfig, server: Server) -> None:
+        if not cfg.mooncake_master:
+            raise UsageError("--long-backend mooncake needs --mooncake-master HOST:PORT")
+        transport = MooncakeTransport(
+            cfg.mooncake_master,
+            cfg.mooncake_metadata,
+            cfg.mooncake_protocol,
+            cfg.mooncake_device,
+            cfg.mooncake_segment_bytes,
+            cfg.mooncake_buffer_bytes,
+        )
+        super().__init__(cfg, server, transport)
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        t = self.t
+        assert isinstance(t, MooncakeTransport)
+        out.update({"metadata": t.metadata, "protocol": t.protocol, "segment_bytes": t.segment_bytes})
+        return out
+
+
+__all__ = ["MooncakeTier", "MooncakeTransport", "mooncake_name"]

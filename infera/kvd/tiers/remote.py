@@ -1,0 +1,838 @@
+"""L4: the distributed long tier, shared by the ``mooncake`` and ``lmcache`` backends.
+
+A backend is a :class:`Transport` (put, get, exists, remove against one store); this module owns
+everything else, so both backends behave the same way:
+
+* Values are chunk files: the 4 KiB header of :mod:`infera.kvd.chunkfile` (key, namespace digest,
+  payload length, checksums) followed by the payload. A value read back is verified exactly like
+  a disk chunk; a bad one is counted in ``corrupt_chunks``, served as a miss and removed from the
+  store so a writer can replace it.
+* Names are a pure function of (namespace text, key), never of the daemon's own namespace ids, so
+  every daemon that serves a namespace finds the chunks the others wrote.
+* Threads do the network I/O; the index, the arena and every decision stay on the loop thread
+  (results come back through ``Server.call_soon``). Puts never wait: a sealed ``long`` chunk is
+  pinned and written by writer lanes. A GET that misses RAM is deferred while reader threads
+  copy the value into the arena (``fetch``); it is answered within ``FETCH_TIMEOUT_S`` whatever
+  the store does. LOOKUP asks the store whether a key exists and waits at most
+  ``CONTAINS_TIMEOUT_S``.
+* A monitor thread probes the store every second and (re)connects. While the store is
+  unreachable the tier is ``disconnected``: no call is made at all, writes go to a backlog that
+  is written once it is back, deferred GETs are answered at once. Errors keep the state
+  ``degraded`` for ``DEGRADED_HOLD_S``. Each state change is logged once and counted.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from infera.kvd import chunkfile as cf
+from infera.kvd.store import LONG, Chunk
+from infera.kvd.tiers.diskio import Workers
+
+if TYPE_CHECKING:
+    from infera.kvd.config import DaemonConfig
+    from infera.kvd.server import Server
+
+log = logging.getLogger("infera.kvd.l4")
+
+HEADER = cf.HEADER_SIZE
+READERS = 2
+FETCH_TIMEOUT_S = 2.0
+CONTAINS_TIMEOUT_S = 0.25
+PROBE_INTERVAL_S = 1.0
+DEGRADED_HOLD_S = 10.0
+KNOWN_TTL_S = 2.0
+KNOWN_MAX = 65536
+BACKLOG_MAX = 65536
+PAUSE_S = 2.0  # after a write failed for lack of room or of the store, writes wait this long
+LOG_MAX = 20  # corrupt chunks and failed operations logged one by one before only counting
+
+
+class TransportError(Exception):
+    """A failed store operation. ``kind``: ``missing`` (no such value), ``full`` (the store has no
+    room: backpressure), ``corrupt`` (a value that cannot be a chunk), ``down`` (not reachable) or
+    ``error`` (anything else)."""
+
+    def __init__(self, message: str, kind: str = "error") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class Region(NamedTuple):
+    """A piece of memory a transport reads into or writes from: the view, and its address for
+    stores that take raw pointers to registered memory."""
+
+    view: memoryview
+    ptr: int
+
+
+class Transport:
+    """One backend's client. Every method may block and is called from tier threads only."""
+
+    backend = "?"
+    endpoint = ""
+
+    def probe(self) -> None:
+        """Raise TransportError (kind ``down``) unless the store answers, within about a second."""
+        raise NotImplementedError
+
+    def connect(self, arena: Region, slots: Region) -> None:
+        """Open the client; ``arena`` and ``slots`` (header buffers) are what reads and writes use."""
+        raise NotImplementedError
+
+    @property
+    def connected(self) -> bool:
+        raise NotImplementedError
+
+    def name(self, digest: bytes, key: bytes) -> str:
+        """The store's name for chunk ``key`` of the namespace with digest ``digest``."""
+        raise NotImplementedError
+
+    def exists(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def fetch(self, name: str, header: Region, alloc: Callable[[int], Region | None]) -> Region | None:
+        """Read value ``name``: its first HEADER bytes into ``header``, the rest into the region
+        ``alloc(payload_length)`` returns (None there: no room, give up and return None)."""
+        raise NotImplementedError
+
+    def put(self, name: str, header: Region, payload: Region, replace: bool) -> None:
+        raise NotImplementedError
+
+    def remove(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+def buffer_address(buf: Any) -> int:
+    """Address of a writable buffer (the arena mapping, a slot pool), without keeping it exported."""
+    obj = ctypes.c_char.from_buffer(buf)
+    try:
+        return ctypes.addressof(obj)
+    finally:
+        del obj
+
+
+def verify(header_buf: memoryview, payload: memoryview, digest: bytes, key: bytes) -> cf.ChunkHeader:
+    """Check a value read from the store like a chunk file (raises cf.ChunkFileError)."""
+    header = cf.ChunkHeader.unpack(header_buf)
+    if header.key != key:
+        raise cf.CorruptChunk("value holds another key than its name says")
+    if header.namespace_digest != digest:
+        raise cf.CorruptChunk("value belongs to another namespace than its name says")
+    if header.payload_length != payload.nbytes:
+        raise cf.CorruptChunk(
+            f"header says {header.payload_length} payload bytes, value holds {payload.nbytes}"
+        )
+    if cf.checksum(header.algo, payload) != header.payload_checksum:
+        raise cf.CorruptChunk(f"payload checksum mismatch ({cf.ALGO_NAMES.get(header.algo, header.algo)})")
+    return header
+
+
+class WriteJob:
+    __slots__ = ("cancelled", "chunk", "digest", "name", "ns_text", "replace")
+
+    def __init__(self, chunk: Chunk, name: str, digest: bytes, ns_text: str, replace: bool) -> None:
+        self.chunk = chunk
+        self.name = name
+        self.digest = digest
+        self.ns_text = ns_text
+        self.replace = replace
+        self.cancelled = False
+
+
+class ReadJob:
+    __slots__ = ("cancelled", "chunk", "digest", "ikey", "name", "started", "waiters")
+
+    def __init__(self, ikey: bytes, name: str, digest: bytes) -> None:
+        self.ikey = ikey
+        self.name = name
+        self.digest = digest
+        self.chunk: Chunk | None = None
+        self.started = time.monotonic()
+        self.cancelled = False
+        self.waiters: list[Waiter] = []
+
+
+class Waiter:
+    """One deferred GET: answered when all its reads finished, or at its deadline."""
+
+    __slots__ = ("armed", "deadline", "done", "fired", "left", "pinned")
+
+    def __init__(self, done: Callable[[], None], deadline: float) -> None:
+        self.done = done
+        self.deadline = deadline
+        self.left = 0
+        self.armed = False
+        self.fired = False
+        self.pinned: list[Chunk] = []
+
+
+class _Call:
+    __slots__ = ("error", "event", "fn", "result", "started")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.event = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.started = 0.0
+
+
+class RemoteTier:
+    """A distributed long tier over ``transport`` (see :mod:`infera.kvd.tiers` for the interface)."""
+
+    backend = "?"
+
+    def __init__(self, cfg: DaemonConfig, server: Server, transport: Transport) -> None:
+        assert server.store is not None and server.arena is not None
+        self.server = server
+        self.store = server.store
+        self.t = transport
+        self.queue_max = max(1, cfg.long_write_queue)
+        self.pin_max = server.arena.capacity // 2
+        self._arena = server.arena.view
+        self._arena_ptr = buffer_address(server.arena.map)
+        nslots = max(1, cfg.long_writers) + READERS + 1
+        self._slot_map = mmap.mmap(-1, nslots * HEADER)
+        self._slot_ptr = buffer_address(self._slot_map)
+        self._slot_view = memoryview(self._slot_map)
+        self._free_slots: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for i in range(nslots):
+            self._free_slots.put(i)
+        self._ns: dict[int, tuple[bytes, str]] = {}
+        self._reads: dict[bytes, ReadJob] = {}
+        self._writes: dict[bytes, WriteJob] = {}
+        self._waiters: list[Waiter] = []
+        self._backlog: OrderedDict[bytes, None] = OrderedDict()
+        self._known: OrderedDict[bytes, float] = OrderedDict()  # ikey -> when the store had it
+        self._replace: set[bytes] = set()
+        self._pause_until = 0.0
+        self.queued = 0
+        self.pinned = 0
+        self.chunks = 0
+        self.bytes_used = 0
+        # connection state: written on the loop thread only
+        self.ever_connected = False
+        self.connecting = True
+        self.down: str | None = None
+        self.trouble_at = 0.0
+        self.last_error: str | None = None
+        self._state = "loading"
+        self._logged: dict[str, int] = {}
+        self.latency: dict[str, float | None] = {"read_ms": None, "write_ms": None, "exists_ms": None}
+        self.c = dict.fromkeys(
+            (
+                "hits",
+                "misses",
+                "bytes_read",
+                "bytes_written",
+                "chunks_written",
+                "corrupt_chunks",
+                "failed_writes",
+                "failed_reads",
+                "dropped_writes",
+                "backpressure",
+                "timeouts",
+                "errors",
+                "prewarmed",
+                "promotion_no_room",
+                "removed",
+                "resynced",
+                "state_changes",
+                "disconnects",
+                "reconnects",
+            ),
+            0,
+        )
+        self.store.c.setdefault("corrupt_chunks_total", 0)
+        self.store.on_seal = self._on_seal
+        self.store.on_drop = self._on_drop
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._meta_q: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._meta_busy: _Call | None = None
+        self._writers = Workers("l4-write", cfg.long_writers, self._write_job, lanes=True)
+        self._readers = Workers("l4-read", READERS, self._read_job, lanes=False)
+        self._threads = [
+            threading.Thread(target=self._monitor, name="kvd-l4-monitor", daemon=True),
+            threading.Thread(target=self._meta_loop, name="kvd-l4-meta", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    # -- names ------------------------------------------------------------------------------
+    def _ns_of(self, ikey: bytes) -> tuple[bytes, str]:
+        nid = int.from_bytes(ikey[:2], "big")
+        ns = self._ns.get(nid)
+        if ns is None:
+            text = self.store.ns_names[nid]
+            ns = (cf.ns_digest(text), text)
+            self._ns[nid] = ns
+        return ns
+
+    def _name(self, ikey: bytes) -> tuple[str, bytes, str]:
+        digest, text = self._ns_of(ikey)
+        return self.t.name(digest, ikey[2:]), digest, text
+
+    # -- connection state -------------------------------------------------------------------
+    @property
+    def loading(self) -> bool:
+        return self._state == "loading"
+
+    @property
+    def state(self) -> str:
+        if self.down is not None:
+            return "disconnected"
+        if not self.ever_connected:
+            return "loading" if self.connecting else "disconnected"
+        if self.trouble_at and time.monotonic() - self.trouble_at < DEGRADED_HOLD_S:
+            return "degraded"
+        return "ready"
+
+    def _usable(self) -> bool:
+        return self.ever_connected and self.down is None
+
+    def _monitor(self) -> None:
+        """Probe the store every second; connect (or reconnect) when it answers."""
+        while not self._stop.is_set():
+            why: str | None = None
+            try:
+                self.t.probe()
+                if not self.t.connected:
+                    self.server.call_soon(lambda: self._set_connecting(True))
+                    self.t.connect(
+                        Region(self._arena, self._arena_ptr), Region(self._slot_view, self._slot_ptr)
+                    )
+            except TransportError as exc:
+                why = str(exc)
+            except Exception as exc:  # a bug in a client library must not end the monitor
+                log.exception("%s: connecting failed", self.backend)
+                why = f"{type(exc).__name__}: {exc}"
+            self.server.call_soon(lambda w=why: self._probed(w))  # type: ignore[misc]
+            self._wake.wait(PROBE_INTERVAL_S)
+            self._wake.clear()
+
+    def _set_connecting(self, on: bool) -> None:
+        self.connecting = on
+
+    def _probed(self, why: str | None) -> None:
+        self.connecting = False
+        if why is None:
+            first = not self.ever_connected
+            was_down = self.down is not None
+            self.ever_connected = True
+            self.down = None
+            if first:
+                log.info("%s long tier connected to %s", self.backend, self.t.endpoint)
+            elif was_down:
+                self.c["reconnects"] += 1
+                self._resync()
+        else:
+            if self.down is None:
+                self.c["disconnects"] += 1 if self.ever_connected else 0
+                self.last_error = why
+            self.down = why
+        self._update_state()
+
+    def _update_state(self) -> None:
+        new = self.state
+        if new == self._state:
+            return
+        old, self._state = self._state, new
+        self.c["state_changes"] += 1
+        if new == "disconnected":
+            log.warning(
+                "%s long tier %s -> disconnected (%s): RAM keeps serving, L4 calls are skipped until "
+                "%s answers again",
+                self.backend,
+                old,
+                self.down or self.last_error,
+                self.t.endpoint,
+            )
+            self._fire_all()
+        elif new == "degraded":
+            log.warning("%s long tier %s -> degraded: %s", self.backend, old, self.last_error)
+        else:
+            log.info("%s long tier %s -> %s", self.backend, old, new)
+
+    def _trouble(self, kind: str, message: str) -> None:
+        """Record a failed operation (loop thread): degraded for a while; ``down`` asks the
+        monitor to probe now, and only the probe decides that the store is gone."""
+        self.c["errors"] += 1
+        self.trouble_at = time.monotonic()
+        self.last_error = message
+        n = self._logged.get(kind, 0)
+        if n < LOG_MAX:
+            self._logged[kind] = n + 1
+            log.warning(
+                "%s long tier: %s%s",
+                self.backend,
+                message,
+                " (further ones counted)" if n + 1 == LOG_MAX else "",
+            )
+        if kind == "down":
+            self._wake.set()
+        self._update_state()
+
+    def _latency(self, which: str, seconds: float) -> None:
+        ms = seconds * 1000.0
+        old = self.latency[which]
+        self.latency[which] = ms if old is None else old * 0.8 + ms * 0.2
+
+    def _resync(self) -> None:
+        """After the store was unreachable (a Mooncake master restart loses every key), write
+        the ``long`` chunks RAM still holds again; the backlog feeds the writers as they drain."""
+        self._known.clear()
+        self.chunks = 0
+        self.bytes_used = 0
+        n = 0
+        for ikey, chunk in self.store.lru[LONG].items():
+            if len(self._backlog) >= BACKLOG_MAX:
+                break
+            chunk.on_long = False
+            self._backlog[ikey] = None
+            n += 1
+        self.c["resynced"] += n
+        if n:
+            log.info("%s long tier: rewriting %d chunks held in RAM after reconnecting", self.backend, n)
+        self._drain_backlog()
+
+    # -- writes -----------------------------------------------------------------------------
+    def _on_seal(self, chunk: Chunk) -> None:
+        if chunk.retention != LONG or chunk.on_long:
+            return
+        if not self._enqueue_write(chunk):
+            self.c["dropped_writes"] += 1
+            if len(self._backlog) < BACKLOG_MAX:
+                self._backlog[chunk.ikey] = None
+
+    def _on_drop(self, chunk: Chunk, reason: str) -> None:
+        if reason == "overwrite":
+            self._replace.add(chunk.ikey)
+
+    def _enqueue_write(self, chunk: Chunk) -> bool:
+        if (
+            not self._usable()
+            or self.queued >= self.queue_max
+            or self.pinned + chunk.length > self.pin_max
+            or time.monotonic() < self._pause_until
+        ):
+            return False
+        name, digest, text = self._name(chunk.ikey)
+        replace = chunk.ikey in self._replace
+        self._replace.discard(chunk.ikey)
+        job = WriteJob(chunk, name, digest, text, replace)
+        old = self._writes.get(chunk.ikey)
+        if old is not None:
+            old.cancelled = True
+        self._writes[chunk.ikey] = job
+        chunk.pins += 1
+        self.pinned += chunk.length
+        self.queued += 1
+        self._writers.submit(("put", job), lane=hash(chunk.ikey))
+        return True
+
+    def _slot(self) -> tuple[int, Region]:
+        i = self._free_slots.get()
+        return i, Region(self._slot_view[i * HEADER : (i + 1) * HEADER], self._slot_ptr + i * HEADER)
+
+    def _write_job(self, item: tuple[str, Any]) -> None:
+        kind, arg = item
+        if kind == "remove":
+            try:
+                ok = self.t.remove(arg)
+            except TransportError as exc:
+                self.server.call_soon(lambda e=exc: self._trouble(e.kind, f"remove {arg}: {e}"))  # type: ignore[misc]
+                return
+            if ok:
+                self.server.call_soon(lambda: self.c.__setitem__("removed", self.c["removed"] + 1))
+            return
+        job: WriteJob = arg
+        chunk = job.chunk
+        err: TransportError | None = None
+        elapsed = 0.0
+        if job.cancelled or chunk.zombie:
+            self.server.call_soon(lambda: self._write_done(job, None, 0.0, skipped=True))
+            return
+        i, slot = self._slot()
+        view = self._arena[chunk.offset : chunk.offset + chunk.length]
+        try:
+            header = cf.make_header(job.digest, chunk.key, view, namespace_text=job.ns_text)
+            slot.view[:] = header.pack()
+            t0 = time.monotonic()
+            self.t.put(job.name, slot, Region(view, self._arena_ptr + chunk.offset), job.replace)
+            elapsed = time.monotonic() - t0
+        except TransportError as exc:
+            err = exc
+        except Exception as exc:
+            log.exception("%s long tier: write failed", self.backend)
+            err = TransportError(f"{type(exc).__name__}: {exc}")
+        finally:
+            view.release()
+            self._free_slots.put(i)
+        self.server.call_soon(lambda: self._write_done(job, err, elapsed))
+
+    def _write_done(
+        self, job: WriteJob, err: TransportError | None, elapsed: float, skipped: bool = False
+    ) -> None:
+        chunk = job.chunk
+        self.store.unpin(chunk)
+        self.pinned -= chunk.length
+        self.queued -= 1
+        if self._writes.get(chunk.ikey) is job:
+            del self._writes[chunk.ikey]
+        if err is not None:
+            # No room (the master evicts asynchronously; right after a master restart the storage
+            # nodes have not remounted yet) or no store: keep the chunk for a later try.
+            retry = err.kind in ("full", "down")
+            if err.kind == "full":
+                self.c["backpressure"] += 1
+                self._trouble("full", f"store full, write of {job.name} postponed: {err}")
+            else:
+                self.c["failed_writes"] += 1
+                self._trouble(err.kind, f"write of {job.name} failed: {err}")
+            if retry:
+                self._pause_until = time.monotonic() + PAUSE_S
+                if not chunk.zombie and len(self._backlog) < BACKLOG_MAX:
+                    self._backlog[chunk.ikey] = None
+        elif not skipped and not job.cancelled:
+            self._latency("write_ms", elapsed)
+            self.c["bytes_written"] += HEADER + chunk.length
+            self.c["chunks_written"] += 1
+            self.chunks += 1
+            self.bytes_used += HEADER + chunk.length
+            self._remember(chunk.ikey)
+            if not chunk.zombie:
+                chunk.on_long = True
+        self._drain_backlog()
+
+    def _drain_backlog(self) -> None:
+        while self._backlog and self._usable() and self.queued < self.queue_max:
+            ikey, _ = self._backlog.popitem(last=False)
+            chunk = self.store.index.get(ikey)
+            if chunk is None or chunk.on_long or chunk.retention != LONG:
+                continue
+            if not self._enqueue_write(chunk):
+                self._backlog[ikey] = None
+                self._backlog.move_to_end(ikey, last=False)
+                return
+
+    def _remember(self, ikey: bytes) -> None:
+        self._known[ikey] = time.monotonic()
+        self._known.move_to_end(ikey)
+        if len(self._known) > KNOWN_MAX:
+            self._known.popitem(last=False)
+
+    # -- existence (LOOKUP) -----------------------------------------------------------------
+    def _meta_loop(self) -> None:
+        while True:
+            call = self._meta_q.get()
+            if call is None:
+                return
+            try:
+                call.result = call.fn()
+            except BaseException as exc:
+                call.error = exc
+            call.event.set()
+
+    def _meta_call(self, fn: Callable[[], Any], timeout: float) -> Any:
+        """Run ``fn`` on the meta thread and wait at most ``timeout``; never queue behind a call
+        that is still stuck (then fail at once)."""
+        busy = self._meta_busy
+        if busy is not None and not busy.event.is_set():
+            raise TransportError("the previous existence check has not returned yet", "timeout")
+        call = _Call(fn)
+        self._meta_busy = call
+        self._meta_q.put(call)
+        if not call.event.wait(timeout):
+            raise TransportError(f"no answer within {timeout * 1000:.0f} ms", "timeout")
+        if call.error is not None:
+            raise call.error
+        return call.result
+
+    def contains(self, ikey: bytes) -> bool:
+        if ikey in self._reads:
+            return True
+        if not self._usable():
+            return False
+        seen = self._known.get(ikey)
+        now = time.monotonic()
+        if seen is not None and now - seen < KNOWN_TTL_S:
+            return True
+        name = self._name(ikey)[0]
+        try:
+            found = bool(self._meta_call(lambda: self.t.exists(name), CONTAINS_TIMEOUT_S))
+        except TransportError as exc:
+            if exc.kind == "timeout":
+                self.c["timeouts"] += 1
+            self._trouble(exc.kind, f"existence check of {name}: {exc}")
+            return False
+        self._latency("exists_ms", time.monotonic() - now)
+        if found:
+            self._remember(ikey)
+        else:
+            self._known.pop(ikey, None)
+        return found
+
+    # -- reads (GET, PREWARM) ---------------------------------------------------------------
+    def promote(self, ikey: bytes) -> Chunk | None:
+        """Called by GET for a key that neither RAM nor a finished read could serve."""
+        self.c["misses"] += 1
+        return None
+
+    def count_get(self, n: int, hits: int) -> None:
+        """GET totals are counted by the server; this tier counts its own hits and misses."""
+
+    def fetch(self, ikeys: Iterable[bytes], on_ready: Callable[[], None]) -> bool:
+        """Read the RAM misses among ``ikeys`` from the store; True if ``on_ready`` will be
+        called on the loop thread once they are in the arena, failed, or the deadline passed."""
+        if not self._usable():
+            return False
+        ikeys = list(ikeys)
+        waiter = Waiter(on_ready, time.monotonic() + FETCH_TIMEOUT_S)
+        self._request(ikeys, waiter)
+        if waiter.left == 0:
+            return False
+        ram = self.store.index
+        for ikey in ikeys:  # what RAM holds now must still be there when the reply is built
+            chunk = ram.get(ikey)
+            if chunk is not None:
+                chunk.pins += 1
+                waiter.pinned.append(chunk)
+        waiter.armed = True
+        self._waiters.append(waiter)
+        return True
+
+    def prewarm(self, ikeys: list[bytes]) -> int:
+        if not self._usable():
+            return 0
+        return self._request(ikeys, None)
+
+    def _request(self, ikeys: Iterable[bytes], waiter: Waiter | None) -> int:
+        n = 0
+        store = self.store
+        for ikey in ikeys:
+            if ikey in store.index or (ikey in store.pending and ikey not in self._reads):
+                continue  # in RAM, or being written by a client
+            job = self._reads.get(ikey)
+            if job is None:
+                name, digest, _ = self._name(ikey)
+                job = ReadJob(ikey, name, digest)
+                self._reads[ikey] = job
+                self._readers.submit(job)
+            if waiter is not None:
+                job.waiters.append(waiter)
+                waiter.left += 1
+            n += 1
+        return n
+
+    def _reserve(self, job: ReadJob, length: int, box: list[Chunk | None], ev: threading.Event) -> None:
+        """Loop thread: room in the arena for a value being read (invisible until published)."""
+        chunk = None
+        if not job.cancelled:
+            chunk = self.store.reserve_hidden(job.ikey, length)
+            if chunk is None and job.ikey not in self.store.index:
+                self.c["promotion_no_room"] += 1
+        job.chunk = chunk
+        box[0] = chunk
+        ev.set()
+
+    def _read_job(self, job: ReadJob) -> None:
+        outcome: str = "ok"
+        detail: Any = None
+        t0 = time.monotonic()
+
+        def alloc(length: int) -> Region | None:
+            box: list[Chunk | None] = [None]
+            ev = threading.Event()
+            self.server.call_soon(lambda: self._reserve(job, length, box, ev))
+            if not ev.wait(10.0) or box[0] is None:
+                return None
+            chunk = box[0]
+            return Region(self._arena[chunk.offset : chunk.offset + length], self._arena_ptr + chunk.offset)
+
+        i, slot = self._slot()
+        region: Region | None = None
+        try:
+            region = self.t.fetch(job.name, slot, alloc)
+            if region is None:
+                outcome = "no_room"
+            else:
+                verify(slot.view, region.view, job.digest, job.ikey[2:])
+        except TransportError as exc:
+            outcome, detail = ("missing" if exc.kind == "missing" else "error"), exc
+            if exc.kind == "corrupt":
+                outcome = "corrupt"
+        except cf.ChunkFileError as exc:
+            outcome, detail = "corrupt", exc
+        except Exception as exc:
+            log.exception("%s long tier: read failed", self.backend)
+            outcome, detail = "error", TransportError(f"{type(exc).__name__}: {exc}")
+        finally:
+            if region is not None:
+                region.view.release()
+            self._free_slots.put(i)
+        elapsed = time.monotonic() - t0
+        self.server.call_soon(lambda: self._read_done(job, outcome, detail, elapsed))
+
+    def _read_done(self, job: ReadJob, outcome: str, detail: Any, elapsed: float) -> None:
+        chunk = job.chunk
+        ok = outcome == "ok" and chunk is not None and not job.cancelled
+        if ok:
+            assert chunk is not None
+            self.store.publish(chunk)
+            self._latency("read_ms", elapsed)
+            self.c["bytes_read"] += chunk.length
+            self.c["hits" if job.waiters else "prewarmed"] += 1
+            self._remember(job.ikey)
+        else:
+            if chunk is not None:
+                self.store.cancel_hidden(chunk)
+            if outcome == "missing":
+                self._known.pop(job.ikey, None)
+            elif outcome == "corrupt":
+                self._corrupt(job, str(detail))
+            elif outcome == "error":
+                self.c["failed_reads"] += 1
+                self._trouble(detail.kind, f"read of {job.name} failed: {detail}")
+        self._finish(job, chunk if ok else None)
+
+    def _corrupt(self, job: ReadJob, why: str) -> None:
+        self.c["corrupt_chunks"] += 1
+        self.store.c["corrupt_chunks_total"] = self.store.c.get("corrupt_chunks_total", 0) + 1
+        self.last_error = f"corrupt chunk {job.name}: {why}"
+        self._known.pop(job.ikey, None)
+        if self.c["corrupt_chunks"] <= LOG_MAX:
+            log.warning(
+                "%s long tier: corrupt chunk %s (%s), served as a miss and removed",
+                self.backend,
+                job.name,
+                why,
+            )
+        self._writers.submit(("remove", job.name), lane=hash(job.ikey))
+
+    def _finish(self, job: ReadJob, chunk: Chunk | None) -> None:
+        if self._reads.get(job.ikey) is job:
+            del self._reads[job.ikey]
+        for w in job.waiters:
+            if w.fired:
+                continue
+            if chunk is not None:
+                chunk.pins += 1
+                w.pinned.append(chunk)
+            w.left -= 1
+            if w.left == 0 and w.armed:
+                self._fire(w)
+
+    def _fire(self, w: Waiter) -> None:
+        if w.fired:
+            return
+        w.fired = True
+        try:
+            w.done()
+        finally:
+            for c in w.pinned:
+                self.store.unpin(c)
+            w.pinned.clear()
+
+    def _fire_all(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:
+            self._fire(w)
+
+    # -- deletes ----------------------------------------------------------------------------
+    def delete(self, ikeys: list[bytes]) -> int:
+        """Forget ``ikeys`` and remove them from the store (in the background: answers 0)."""
+        for ikey in ikeys:
+            job = self._writes.pop(ikey, None)
+            if job is not None:
+                job.cancelled = True
+            read = self._reads.get(ikey)
+            if read is not None:
+                read.cancelled = True
+            self._backlog.pop(ikey, None)
+            self._known.pop(ikey, None)
+            if self._usable():
+                self._writers.submit(("remove", self._name(ikey)[0]), lane=hash(ikey))
+        return 0
+
+    # -- housekeeping -----------------------------------------------------------------------
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self._waiters:
+            keep = []
+            for w in self._waiters:
+                if w.fired:
+                    continue
+                if now >= w.deadline:
+                    self.c["timeouts"] += 1
+                    self._trouble(
+                        "timeout", f"reads did not finish within {FETCH_TIMEOUT_S:.0f} s; answered as misses"
+                    )
+                    self._fire(w)
+                else:
+                    keep.append(w)
+            self._waiters = keep
+        self._update_state()
+        self._drain_backlog()
+
+    def stats(self) -> dict[str, Any]:
+        state = self.state
+        return {
+            "backend": self.backend,
+            "state": state,
+            "connected": state in ("ready", "degraded"),
+            "endpoint": self.t.endpoint,
+            "chunks": self.chunks,
+            "bytes_used": self.bytes_used,
+            "capacity": 0,
+            "queued_writes": self.queued,
+            "backlog": len(self._backlog),
+            "reads_in_flight": len(self._reads),
+            "index_load_s": None,
+            "last_error": self.last_error,
+            "latency_ms": self.latency["read_ms"]
+            if self.latency["read_ms"] is not None
+            else self.latency["write_ms"],
+            "read_latency_ms": self.latency["read_ms"],
+            "write_latency_ms": self.latency["write_ms"],
+            "exists_latency_ms": self.latency["exists_ms"],
+            **self.c,
+        }
+
+    def close(self) -> None:
+        """Finish queued writes (bounded wait), stop the threads, then close the client before
+        the arena it registered is unmapped."""
+        self._backlog.clear()
+        self._stop.set()
+        self._wake.set()
+        self._fire_all()
+        if not self._writers.close(timeout=10.0):
+            log.warning(
+                "%s long tier: writes still running at shutdown; their chunks may be missing", self.backend
+            )
+        self._readers.close(timeout=3.0)
+        self._meta_q.put(None)
+        for t in self._threads:
+            t.join(2.0)
+        if any(t.is_alive() for t in self._threads):
+            log.warning("%s long tier: a client call is still blocked at shutdown", self.backend)
+            return  # closing the client under a running call can crash the process
+        try:
+            self.t.close()
+        except Exception as exc:
+            log.warning("%s long tier: closing the client failed: %s", self.backend, exc)
+
+
+__all__ = ["Region", "RemoteTier", "Transport", "TransportError", "verify"]
