@@ -45,8 +45,8 @@ class HostView:
         return self.root / p.lstrip("/")
 
     def display(self, p: str) -> str:
-        """How evidence names a host path: as on the host, with the root shown when it is not ``/``."""
-        return p if self.live else f"{p} (under {self.root})"
+        """How evidence names a host path: as on the host (the report header shows the root)."""
+        return p
 
     def read(self, p: str, *, gz: bool = False) -> FileRead:
         key = (p, gz)

@@ -70,9 +70,11 @@ def dmesg_ais(ctx: Context) -> CheckResult:
     if registered:
         missing = sorted(bdfs - set(registered))
         count = len(bdfs & set(registered))
-    else:
+    elif unnamed:
         count = min(unnamed, len(gpus))
         missing = [] if unnamed >= len(gpus) else [f"{len(gpus) - unnamed} GPU(s)"]
+    else:
+        count, missing = 0, sorted(bdfs)
     sizes = sorted(set(registered.values()))
     size_txt = f" ({', '.join(f'{s} MB' for s in sizes)})" if sizes else ""
     if not missing:
@@ -91,7 +93,7 @@ def dmesg_ais(ctx: Context) -> CheckResult:
             fix="read `journalctl -k -b | grep AIS:` (as root), or check right after the next boot",
         )
     vfs = [g.bdf for g in gpus if g.is_vf]
-    hint = f"; {len(vfs)} are SR-IOV VFs, where AIS never starts" if vfs else ""
+    hint = f"; {len(vfs)} of them SR-IOV VFs, where AIS never starts" if vfs else ""
     return fail(
         f"AIS registered on {count} of {len(gpus)} GPUs (missing: {', '.join(missing)}){hint}: "
         "AIS is off there, whatever other signals say",

@@ -24,7 +24,7 @@ def gpu(ctx: Context) -> CheckResult:
     for g in inv.amd:
         evidence.extend(g.evidence)
         if g.is_vf:
-            problems.append((Status.FAIL, f"{g.bdf} {g.name} is an SR-IOV virtual function ({g.vf_reason})"))
+            problems.append((Status.FAIL, f"{g.bdf} is an SR-IOV virtual function ({g.vf_reason})"))
             fixes.append(
                 "GPU-direct needs a physical function: run on bare metal or pass the whole GPU through; "
                 "on a VF the connector serves L3 over POSIX"

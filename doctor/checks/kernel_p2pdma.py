@@ -36,7 +36,7 @@ def kernel_p2pdma(ctx: Context) -> CheckResult:
         present = [s for s in P2PDMA_SYMBOLS if s in ks.found]
         evidence.append(Evidence(ks.source, f"P2PDMA symbols: {', '.join(present) or 'none'}"))
         if present and verdict is None:
-            verdict, basis = "y", f"{ks.source} ({present[0]})"
+            verdict, basis = "y", f"{ks.source}: {present[0]} present"
     else:
         evidence.append(Evidence(ks.source, ks.error or "unreadable"))
     if verdict is None:

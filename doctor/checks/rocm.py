@@ -55,7 +55,7 @@ def rocm(ctx: Context) -> CheckResult:
     if libs:
         ev.append(Evidence("HIP runtime", ", ".join(libs[:4])))
     reason = container_reason(ctx)
-    where = "this container image" if reason else "the host"
+    where = "in this container image" if reason else "on the host"
     fix_where = (
         "install ROCm 7.2 or newer in the engine image"
         if reason
@@ -63,18 +63,16 @@ def rocm(ctx: Context) -> CheckResult:
     )
     bad = fail if reason else warn
     if not versions:
-        return bad(f"no ROCm found in {where} (/opt/rocm/.info/version missing)", ev, fix=fix_where)
+        return bad(f"no ROCm found {where} (/opt/rocm/.info/version missing)", ev, fix=fix_where)
     best_dir, best = max(versions, key=lambda x: x[1])
     if best[:2] < ROCM_MIN:
         return bad(
-            f"ROCm {vstr(best)} at {best_dir} in {where} is older than {vstr(ROCM_MIN)} "
+            f"ROCm {vstr(best)} at {best_dir} {where} is older than {vstr(ROCM_MIN)} "
             "(a 7.1 runtime reports HIP runtime : False in ais-check)",
             ev,
             fix=fix_where,
         )
     if not libs:
-        return bad(
-            f"ROCm {vstr(best)} in {where} but no libamdhip64.so (HIP runtime) found", ev, fix=fix_where
-        )
+        return bad(f"ROCm {vstr(best)} {where} but no libamdhip64.so (HIP runtime) found", ev, fix=fix_where)
     note = "" if reason else "; the engine image needs 7.2+ too"
-    return ok(f"ROCm {vstr(best)} at {best_dir} with HIP runtime in {where}{note}", ev)
+    return ok(f"ROCm {vstr(best)} at {best_dir} with HIP runtime {where}{note}", ev)

@@ -165,19 +165,17 @@ def _backing(
             findings.append(
                 (
                     Status.WARN,
-                    f"{what}: ais-check reports HIPFILE=no for md, yet {level} on NVMe can serve the fast path",
+                    f"ais-check reports HIPFILE=no for md, yet {level} on NVMe can serve the fast path: verify it",
                 )
             )
             fixes.append(VERIFY_MD)
         elif level in MD_FASTPATH_LEVELS:
-            findings.append(
-                (Status.WARN, f"{what}: not all members are NVMe, so GPU-direct falls back to POSIX")
-            )
+            findings.append((Status.WARN, "not all md members are NVMe, so GPU-direct falls back to POSIX"))
         else:
             findings.append(
                 (
                     Status.WARN,
-                    f"{what}: {level} routes I/O through the stripe cache, so GPU-direct always falls back",
+                    f"{level} routes I/O through the stripe cache, so GPU-direct always falls back",
                 )
             )
             fixes.append(

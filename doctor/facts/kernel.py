@@ -121,5 +121,8 @@ def _kernel_log(ctx: Context) -> KernelLog:
     tries.append(jres)
     if jres.ok and jres.stdout.strip() and "No entries" not in jres.stdout:
         return KernelLog(jres.stdout, jres.line)
-    reasons = [f"{t.line}: {t.error or t.first_error_line() or f'exit {t.returncode}'}" for t in tries]
+    reasons = [
+        f"{t.argv[0]}: {t.error}" if t.error else t.first_error_line() or f"{t.argv[0]}: exit {t.returncode}"
+        for t in tries
+    ]
     return KernelLog(None, " / ".join(t.line for t in tries), "; ".join(reasons))

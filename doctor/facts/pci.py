@@ -128,7 +128,7 @@ def _inventory(ctx: Context) -> GpuInventory:
             gpu.vf_reason = f"physfn link -> {h.readlink(f'{d}/physfn')}"
         elif vendor == AMD and device in AMD_VF_IDS:
             gpu.is_vf = True
-            gpu.vf_reason = f"device id {device} is a virtual function ({AMD_NAMES[device]})"
+            gpu.vf_reason = f"device id {device}"
         gpu.sriov_totalvfs = _int(h.value(f"{d}/sriov_totalvfs"))
         gpu.vram_total = _int(h.value(f"{d}/mem_info_vram_total"))
         gpu.vis_vram_total = _int(h.value(f"{d}/mem_info_vis_vram_total"))
