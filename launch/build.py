@@ -1,0 +1,236 @@
+"""``kvd launch single|pd`` options -> the deployment model, with one-line errors naming the flag.
+
+The commands are the product doc's, built from typed options rather than pasted, so the roles,
+the socket, the hash seed and the GPU-direct roots agree by construction; the rules then check the
+result once more before anything is printed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+
+from infera.errors import UsageError
+from infera.kvd.sizes import parse_size
+from infera.launch import ktc
+from infera.launch.model import KTC_FLAG, Daemon, Deployment, Leg, ktc_json
+from infera.launch.spec import DAEMON_MODULE, ENGINE_MODULE
+
+DEFAULT_SOCKET = "/var/run/infera-kvd.sock"
+LONG_BACKENDS = ("disk", "mooncake", "lmcache")
+# flags kvd launch sets itself: passing them through --engine-arg would fight the generated ones
+OWNED_ENGINE_FLAGS = {
+    "--model",
+    "--port",
+    "--host",
+    "--kv-transfer-config",
+    "--advertise-host",
+    "--etcd-endpoint",
+    "--discovery-backend",
+    "--request-transport",
+    "--kv-event-transport",
+    "--kvd-socket-path",
+}
+
+
+@dataclass
+class LaunchOptions:
+    kind: str = "single"
+    model: str | None = None
+    socket: str = DEFAULT_SOCKET
+    max_bytes: str = "16G"
+    long_path: str | None = None
+    long_bytes: str | None = None
+    long_backend: str | None = None
+    mooncake_master: str | None = None
+    mooncake_metadata: str | None = None
+    mooncake_protocol: str | None = None
+    mooncake_device: str | None = None
+    ais: bool = False
+    hipfile_roots: list[str] = field(default_factory=list)
+    host: str = "0.0.0.0"
+    port: int = 8000
+    etcd: str | None = None
+    advertise_host: str | None = None
+    decode_advertise_host: str | None = None
+    prefill_port: int = 8001
+    decode_port: int = 8002
+    discovery_backend: str = "etcd"
+    request_transport: str = "http"
+    kv_event_transport: str = "zmq"
+    hash_seed: str = "0"
+    prewarm: bool = False
+    engine_args: list[str] = field(default_factory=list)
+    daemon_args: list[str] = field(default_factory=list)
+    python: str = "python"
+    image: str | None = None
+    vllm_version: str | None = None
+
+
+def _need(value: str | None, flag: str, what: str) -> str:
+    if value is None or not str(value).strip():
+        raise UsageError(f"{flag} is required: {what}")
+    return str(value).strip()
+
+
+def _port(value: int, flag: str) -> str:
+    if not 0 < int(value) < 65536:
+        raise UsageError(f"{flag}: {value} is not a TCP port")
+    return str(int(value))
+
+
+def _routable(host: str, flag: str) -> str:
+    bad = host.lower() in ("localhost", "0.0.0.0", "::")
+    try:
+        addr = ipaddress.ip_address(host)
+        bad = bad or addr.is_loopback or addr.is_unspecified
+    except ValueError:
+        pass
+    if bad:
+        raise UsageError(
+            f"{flag}: {host} is not routable from another host",
+            hint="use the address the other leg reaches this host on",
+        )
+    return host
+
+
+def _daemon(o: LaunchOptions) -> Daemon:
+    if not o.socket.startswith("/"):
+        raise UsageError(f"--socket: {o.socket!r} is not an absolute path")
+    parse_size(o.max_bytes, "--max-bytes")
+    backend = o.long_backend.lower() if o.long_backend else None
+    if backend is not None and backend not in LONG_BACKENDS:
+        raise UsageError(f"--long-backend: {o.long_backend!r} is not one of {', '.join(LONG_BACKENDS)}")
+    if o.long_path and backend in ("mooncake", "lmcache"):
+        raise UsageError(
+            f"--long-path and --long-backend {backend} cannot be combined: the long tier is disk or distributed, never both"
+        )
+    if backend == "disk" and not o.long_path:
+        raise UsageError("--long-backend disk needs --long-path DIR")
+    if o.long_path and not o.long_bytes:
+        raise UsageError("--long-path needs --long-bytes (the disk tier's capacity, e.g. 256G)")
+    if o.long_bytes and not o.long_path:
+        raise UsageError("--long-bytes needs --long-path (it sizes the disk tier)")
+    if o.long_path and not o.long_path.startswith("/"):
+        raise UsageError(f"--long-path: {o.long_path!r} is not an absolute path")
+    if o.long_bytes:
+        parse_size(o.long_bytes, "--long-bytes")
+    moon = {
+        "--mooncake-master": o.mooncake_master,
+        "--mooncake-metadata": o.mooncake_metadata,
+        "--mooncake-protocol": o.mooncake_protocol,
+        "--mooncake-device": o.mooncake_device,
+    }
+    given = [flag for flag, v in moon.items() if v]
+    if backend == "mooncake" and not o.mooncake_master:
+        raise UsageError("--long-backend mooncake needs --mooncake-master HOST:PORT")
+    if given and backend != "mooncake":
+        raise UsageError(f"{given[0]} needs --long-backend mooncake")
+    if o.mooncake_protocol and o.mooncake_protocol not in ("tcp", "rdma"):
+        raise UsageError(f"--mooncake-protocol: {o.mooncake_protocol!r} is not tcp or rdma")
+
+    argv = [o.python, *DAEMON_MODULE, "--socket", o.socket, "--max-bytes", o.max_bytes]
+    if o.long_path:
+        argv += ["--long-path", o.long_path, "--long-bytes", str(o.long_bytes)]
+    if backend in ("mooncake", "lmcache"):
+        argv += ["--long-backend", backend]
+        argv += [x for flag, v in moon.items() if v for x in (flag, v)]
+    argv += o.daemon_args
+    return Daemon(name="kvd", argv=argv, args_start=3, bool_flags=frozenset())
+
+
+def _seed_env(o: LaunchOptions) -> dict[str, str | None]:
+    seed = o.hash_seed.strip().lower()
+    if seed == "none":
+        return {}
+    if not (seed.isdigit() and int(seed) <= 4294967295):
+        raise UsageError(f"--hash-seed: {o.hash_seed!r} is not an integer in [0, 4294967295] or 'none'")
+    return {"PYTHONHASHSEED": seed}
+
+
+def _kvd_env(o: LaunchOptions) -> dict[str, str | None]:
+    env: dict[str, str | None] = {"INFERA_KVD_SOCKET": o.socket}
+    roots: list[str] = []
+    for item in o.hipfile_roots:
+        name, sep, path = item.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or not path.startswith("/"):
+            raise UsageError(f"--hipfile-root: {item!r} is not NAME=/absolute/path")
+        if name == "long":
+            raise UsageError("--hipfile-root long=... is set from --long-path; name other roots differently")
+        roots.append(f"{name}={path}")
+    if o.ais:
+        if not o.long_path:
+            raise UsageError("--ais needs --long-path: GPU-direct reads the disk tier's chunk files")
+        env["INFERA_KVD_AIS"] = "1"
+        env["INFERA_KVD_HIPFILE_ROOTS"] = ",".join([f"long={o.long_path}", *roots])
+    elif roots:
+        raise UsageError("--hipfile-root needs --ais (the roots are read only by GPU-direct)")
+    return env
+
+
+def _engine_args(o: LaunchOptions) -> list[str]:
+    for arg in o.engine_args:
+        name = arg.split("=", 1)[0]
+        if name in OWNED_ENGINE_FLAGS or name.startswith(KTC_FLAG):
+            raise UsageError(f"--engine-arg {name}: kvd launch sets this flag itself; use its own option")
+    return list(o.engine_args)
+
+
+def _leg(
+    o: LaunchOptions, name: str, role: str, env: dict[str, str | None], flags: list[str], cfg: dict
+) -> Leg:  # type: ignore[type-arg]
+    argv = [o.python, *ENGINE_MODULE, *flags, KTC_FLAG, ktc_json(cfg)]
+    return Leg(name=name, argv=argv, env=env, args_start=3, declared_role=role, entry="infera")
+
+
+def build(o: LaunchOptions) -> Deployment:
+    """The deployment for ``o``; raises UsageError naming the first bad or missing flag."""
+    model = _need(o.model, "--model", "the model the engines serve (a Hugging Face id or a local path)")
+    daemon = _daemon(o)
+    seed = _seed_env(o)
+    extra = _engine_args(o)
+    prewarm = ["--kvd-socket-path", o.socket] if o.prewarm else []
+    dep = Deployment(
+        kind=o.kind, python=o.python, image=o.image, vllm_version=o.vllm_version, daemons=[daemon]
+    )
+    if o.kind == "single":
+        flags = ["--model", model, "--port", _port(o.port, "--port"), "--host", o.host, *prewarm, *extra]
+        flags.append("--enable-prefix-caching")
+        dep.legs.append(_leg(o, "engine", "single", {**seed, **_kvd_env(o)}, flags, ktc.single_config()))
+        return dep
+    if o.kind != "pd":
+        raise UsageError(f"unknown deployment kind {o.kind!r}")
+    etcd = _need(o.etcd, "--etcd", "the etcd endpoint both legs register in, as HOST:PORT")
+    if not re.fullmatch(r"[^\s:/]+:\d{1,5}", etcd) and not re.fullmatch(r"\[[0-9a-fA-F:]+\]:\d{1,5}", etcd):
+        raise UsageError(f"--etcd: {etcd!r} is not HOST:PORT")
+    p_host = _routable(
+        _need(o.advertise_host, "--advertise-host", "the prefill host's routable address"), "--advertise-host"
+    )
+    d_host = _routable(o.decode_advertise_host or p_host, "--decode-advertise-host")
+    for flag, val in (
+        ("--discovery-backend", o.discovery_backend),
+        ("--request-transport", o.request_transport),
+        ("--kv-event-transport", o.kv_event_transport),
+    ):
+        _need(val, flag, "a transport name")
+    pd_flags = [
+        "--etcd-endpoint",
+        etcd,
+        "--discovery-backend",
+        o.discovery_backend,
+        "--request-transport",
+        o.request_transport,
+        "--kv-event-transport",
+        o.kv_event_transport,
+    ]
+    p_flags = ["--model", model, "--port", _port(o.prefill_port, "--prefill-port"), "--host", o.host]
+    p_flags += ["--advertise-host", p_host, *pd_flags, *prewarm, *extra, "--enable-prefix-caching"]
+    p_env = {**seed, **_kvd_env(o), "VLLM_HOST_IP": p_host}
+    dep.legs.append(_leg(o, "prefill", "prefill", p_env, p_flags, ktc.prefill_config()))
+    d_flags = ["--model", model, "--port", _port(o.decode_port, "--decode-port"), "--host", o.host]
+    d_flags += ["--advertise-host", d_host, *pd_flags, *extra]
+    dep.legs.append(
+        _leg(o, "decode", "decode", {**seed, "VLLM_HOST_IP": d_host}, d_flags, ktc.decode_config())
+    )
+    return dep

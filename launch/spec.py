@@ -1,0 +1,274 @@
+"""Spec files: the deployment model as YAML or JSON that users keep in git.
+
+The spec is the same object ``kvd launch --format json`` prints::
+
+    {"version": 1, "kind": "single", "python": "python",
+     "daemon": {"name": "kvd", "argv": [...], "env": {}, "socket": ..., "max_bytes": ..., ...},
+     "legs": [{"name", "role", "env", "argv", "kv_transfer_config"}]}
+
+``argv`` is authoritative. The daemon's ``socket``/``max_bytes``/``long_*`` and a leg's
+``kv_transfer_config`` mirror it for readers; a hand-written spec may give them *instead* of the
+matching flags (they are then added to ``argv``), and a spec that gives both with different values
+is refused rather than guessed at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import yaml
+
+from infera.errors import UsageError
+from infera.launch.model import KTC_FLAG, ROLES, Daemon, Deployment, Leg, Loc, ktc_json
+
+SPEC_VERSION = 1
+DAEMON_FIELDS = {
+    "socket": "--socket",
+    "max_bytes": "--max-bytes",
+    "long_path": "--long-path",
+    "long_bytes": "--long-bytes",
+    "long_backend": "--long-backend",
+}
+DAEMON_MODULE = ["-m", "infera.kvd"]
+ENGINE_MODULE = ["-m", "infera.engine.vllm"]
+
+
+class SpecError(UsageError):
+    """A spec file with the wrong shape; carries the place for ``kvd lint``."""
+
+    def __init__(self, message: str, loc: Loc | None = None) -> None:
+        where = f"{loc.path}:{loc.line}: " if loc else ""
+        super().__init__(f"{where}{message}", hint="compare with `kvd launch single --model M --format json`")
+        self.loc = loc
+        self.detail = message
+
+
+# -- model -> data ----------------------------------------------------------------------------
+
+
+def daemon_to_dict(d: Daemon) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": d.name, "argv": list(d.argv or []), "env": dict(d.env)}
+    for key, flag in DAEMON_FIELDS.items():
+        out[key] = d.flag_value(flag)
+    return out
+
+
+def leg_to_dict(leg: Leg) -> dict[str, Any]:
+    return {
+        "name": leg.name,
+        "role": leg.role,
+        "env": dict(leg.env),
+        "argv": list(leg.argv or []),
+        "kv_transfer_config": leg.ktc(),
+    }
+
+
+def to_dict(dep: Deployment) -> dict[str, Any]:
+    """The spec / ``--format json`` object."""
+    out: dict[str, Any] = {"version": SPEC_VERSION, "kind": dep.kind, "python": dep.python}
+    if dep.image:
+        out["image"] = dep.image
+    if dep.vllm_version:
+        out["vllm_version"] = dep.vllm_version
+    out["daemon"] = daemon_to_dict(dep.daemons[0]) if dep.daemons else None
+    out["legs"] = [leg_to_dict(leg) for leg in dep.legs]
+    return out
+
+
+def dumps(dep: Deployment, fmt: str = "json") -> str:
+    data = to_dict(dep)
+    if fmt == "yaml":
+        return yaml.safe_dump(data, sort_keys=False, width=10_000)
+    return json.dumps(data, indent=2) + "\n"
+
+
+# -- data -> model ----------------------------------------------------------------------------
+
+
+class _Reader:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def loc(self, container: Any, key: Any = None, value: bool = True) -> Loc:
+        pos: tuple[int, int] | None = None
+        if key is not None:
+            table = getattr(container, "val_pos" if value else "key_pos", None)
+            if table is not None:
+                pos = table.get(key)
+            items = getattr(container, "item_pos", None)
+            if items is not None and isinstance(key, int) and key < len(items):
+                pos = items[key]
+        if pos is None:
+            pos = getattr(container, "pos", None) or (1, 1)
+        return Loc(self.path, pos[0], pos[1])
+
+    def mapping(self, value: Any, what: str, parent: Any, key: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise SpecError(f"{what} must be a mapping", self.loc(parent, key))
+        return value
+
+    def strlist(self, value: Any, what: str, parent: Any, key: Any) -> list[str]:
+        if not isinstance(value, list) or not all(isinstance(v, str | int | float) for v in value):
+            raise SpecError(f"{what} must be a list of strings", self.loc(parent, key))
+        return [str(v) for v in value]
+
+    def env(self, proc: Daemon | Leg, raw: Any, parent: Any) -> None:
+        if raw is None:
+            return
+        env = self.mapping(raw, f"{proc.name}: env", parent, "env")
+        for k, v in env.items():
+            proc.env[str(k)] = None if v is None else (str(v).lower() if isinstance(v, bool) else str(v))
+            proc.env_locs[str(k)] = self.loc(env, k)
+
+    def argv(self, proc: Daemon | Leg, raw: list[str], container: Any) -> None:
+        from infera.launch.lint.commands import Word, recognize
+
+        proc.argv = raw
+        proc.argv_locs = [self.loc(container, i) for i in range(len(raw))]
+        rec = recognize([Word(a) for a in raw])
+        if rec is not None:
+            proc.args_start = len(raw) - len(rec.argv) + rec.args_start
+            if isinstance(proc, Leg):
+                proc.entry = rec.entry
+                if rec.positional_model is not None:
+                    proc.positional_model = rec.positional_model.text
+        else:
+            proc.args_start = next((i for i, a in enumerate(raw) if a.startswith("-")), len(raw))
+
+    def daemon(self, raw: Any, top: Any, python: str) -> Daemon:
+        d = Daemon(name="kvd")
+        data = self.mapping(raw, "daemon", top, "daemon")
+        d.name = str(data.get("name") or "kvd")
+        d.loc = self.loc(top, "daemon")
+        if data.get("argv"):
+            self.argv(d, self.strlist(data["argv"], "daemon.argv", data, "argv"), data["argv"])
+        else:
+            d.argv = [python, *DAEMON_MODULE]
+            d.args_start = len(d.argv)
+            d.argv_locs = [d.loc] * len(d.argv)
+        argv = d.argv
+        assert argv is not None
+        for key, flag in DAEMON_FIELDS.items():
+            val = data.get(key)
+            if val is None:
+                continue
+            have = d.flag_value(flag)
+            if have is None and not d.has_flag(flag):
+                argv += [flag, str(val)]
+                d.argv_locs += [self.loc(data, key)] * 2
+            elif have != str(val):
+                raise SpecError(
+                    f"daemon.{key} is {val!r} but daemon.argv has {flag} {have!r}", self.loc(data, key)
+                )
+        for extra in self.strlist(data.get("args") or [], "daemon.args", data, "args"):
+            argv.append(extra)
+            d.argv_locs.append(self.loc(data, "args"))
+        self.env(d, data.get("env"), data)
+        return d
+
+    def leg(self, raw: Any, legs: Any, i: int, python: str) -> Leg:
+        data = self.mapping(raw, f"legs[{i}]", legs, i)
+        leg = Leg(name=str(data.get("name") or f"leg{i}"))
+        leg.loc = self.loc(legs, i)
+        role = data.get("role")
+        if role is not None:
+            if role not in ROLES:
+                raise SpecError(
+                    f"legs[{i}].role {role!r} is not one of {', '.join(ROLES)}", self.loc(data, "role")
+                )
+            leg.declared_role = str(role)
+        if data.get("argv"):
+            self.argv(leg, self.strlist(data["argv"], f"legs[{i}].argv", data, "argv"), data["argv"])
+        else:
+            leg.argv = [python, *ENGINE_MODULE]
+            leg.args_start = len(leg.argv)
+            leg.argv_locs = [leg.loc] * len(leg.argv)
+        argv = leg.argv
+        assert argv is not None
+        for extra in self.strlist(data.get("args") or [], f"legs[{i}].args", data, "args"):
+            argv.append(extra)
+            leg.argv_locs.append(self.loc(data, "args"))
+        self.env(leg, data.get("env"), data)
+        cfg = data.get("kv_transfer_config")
+        if cfg is not None:
+            if not leg.has_flag(KTC_FLAG):
+                argv += [KTC_FLAG, ktc_json(_plain(cfg))]
+                leg.argv_locs += [self.loc(data, "kv_transfer_config")] * 2
+            elif leg.ktc() != _plain(cfg):
+                raise SpecError(
+                    f"legs[{i}].kv_transfer_config differs from the {KTC_FLAG} in its argv; keep one",
+                    self.loc(data, "kv_transfer_config"),
+                )
+        return leg
+
+
+def _plain(value: Any) -> Any:
+    """Strip position-keeping containers down to plain dicts and lists."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def from_data(data: Any, path: str) -> Deployment:
+    """Build the model from a loaded spec (plain or position-keeping containers)."""
+    r = _Reader(path)
+    if not isinstance(data, dict) or "legs" not in data:
+        raise SpecError("a spec is a mapping with a 'legs' list", r.loc(data))
+    version = data.get("version", SPEC_VERSION)
+    if version != SPEC_VERSION:
+        raise SpecError(
+            f"spec version {version!r} is not supported (this kvd reads version {SPEC_VERSION})",
+            r.loc(data, "version"),
+        )
+    kind = data.get("kind")
+    if kind not in (None, "single", "pd"):
+        raise SpecError(f"kind {kind!r} is not single or pd", r.loc(data, "kind"))
+    python = str(data.get("python") or "python")
+    dep = Deployment(
+        kind=kind, python=python, image=data.get("image"), vllm_version=_str(data.get("vllm_version"))
+    )
+    if data.get("daemon") is not None:
+        dep.daemons.append(r.daemon(data["daemon"], data, python))
+    legs = data["legs"]
+    if not isinstance(legs, list):
+        raise SpecError("legs must be a list", r.loc(data, "legs"))
+    dep.legs = [r.leg(raw, legs, i, python) for i, raw in enumerate(legs)]
+    return dep
+
+
+def _str(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+def load_spec(path: str, text: str | None = None) -> Deployment:
+    """Read a spec file (YAML or JSON) for ``kvd launch --spec``; raises SpecError/UsageError."""
+    from infera.launch.lint.yamlloc import load_json_or_yaml
+
+    if text is None:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise UsageError(f"--spec: cannot read {path}: {exc.strerror}") from None
+    try:
+        docs = load_json_or_yaml(text)
+    except (yaml.YAMLError, ValueError) as exc:
+        raise SpecError(f"not valid YAML or JSON: {str(exc).splitlines()[0]}", Loc(path, 1)) from None
+    if len(docs) != 1:
+        raise SpecError("a spec file holds exactly one document", Loc(path, 1))
+    return from_data(docs[0], path)
+
+
+def save_spec(dep: Deployment, path: str) -> None:
+    """Write ``dep`` as YAML (``.yaml``/``.yml``) or JSON (anything else)."""
+    ext = os.path.splitext(path)[1].lower()
+    text = dumps(dep, "yaml" if ext in (".yaml", ".yml") else "json")
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise UsageError(f"--save-spec: cannot write {path}: {exc.strerror}") from None
