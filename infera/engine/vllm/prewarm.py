@@ -8,8 +8,8 @@ PREWARM. Body: ``{"prompt": "text" | [token ids], "model": optional}``; reply
 with a 4xx/5xx status, never a traceback.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: FastAPI must see the route's real ``Request``
+# annotation, which lives inside make_router so that fastapi is imported only when serving.
 from typing import Any
 
 from infera.engine.vllm import compat

@@ -1,0 +1,129 @@
+"""``python -m infera.engine.vllm``: vLLM's OpenAI-compatible server plus infera-kvd's flags.
+
+Everything vLLM's ``api_server`` accepts works unchanged. Added:
+
+* ``--kvd-socket-path PATH``: turns on ``POST /v1/cache/prewarm`` (see :mod:`.prewarm`) and, when
+  ``INFERA_KVD_SOCKET`` is unset, also points the connector at PATH.
+* The prefill/decode discovery flags of the product doc (``--advertise-host --etcd-endpoint
+  --discovery-backend --request-transport --kv-event-transport``) are accepted and, for now,
+  ignored with a one-line warning.
+* When ``--kv-transfer-config`` names ``InferaKvdConnector`` (alone or inside a MultiConnector)
+  and does not choose ``kv_load_failure_policy``, it is set to ``recompute``: a chunk that
+  vanishes between lookup and load then costs a recompute instead of a failed request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+log = logging.getLogger("infera.engine.vllm")
+
+CONNECTOR = "InferaKvdConnector"
+PD_FLAGS = ("--advertise-host", "--etcd-endpoint", "--discovery-backend", "--request-transport", "--kv-event-transport")
+KTC_FLAG = "--kv-transfer-config"
+
+
+def _uses_connector(cfg: Any) -> bool:
+    if not isinstance(cfg, dict):
+        return False
+    if cfg.get("kv_connector") == CONNECTOR:
+        return True
+    children = (cfg.get("kv_connector_extra_config") or {}).get("connectors") or []
+    return any(_uses_connector(c) for c in children)
+
+
+def default_failure_policy(argv: list[str]) -> list[str]:
+    """Return ``argv`` with ``kv_load_failure_policy: recompute`` added where the user chose none."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == KTC_FLAG and i + 1 < len(out):
+            idx, text, prefix = i + 1, out[i + 1], ""
+        elif arg.startswith(KTC_FLAG + "="):
+            idx, text, prefix = i, arg.split("=", 1)[1], KTC_FLAG + "="
+        else:
+            continue
+        try:
+            cfg = json.loads(text)
+        except ValueError:
+            return out  # vLLM reports the bad JSON itself
+        if _uses_connector(cfg) and "kv_load_failure_policy" not in cfg:
+            cfg["kv_load_failure_policy"] = "recompute"
+            out[idx] = prefix + json.dumps(cfg)
+        return out
+    return out
+
+
+def _vllm_server() -> tuple[Any, Any, Any, Any]:
+    """(make_arg_parser, validate_parsed_serve_args, run_server, module whose build_app to wrap)."""
+    try:  # vLLM 0.29+
+        from vllm.entrypoints.launchers.api_server import entry
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+
+        return make_arg_parser, validate_parsed_serve_args, entry.run_server, entry
+    except ImportError:  # vLLM <= 0.28
+        from vllm.entrypoints.openai import api_server
+        from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+
+        return make_arg_parser, validate_parsed_serve_args, api_server.run_server, api_server
+
+
+def install_prewarm_route(module: Any, socket_path: str) -> None:
+    """Wrap ``module.build_app`` (the reference ``run_server`` uses) to add our router."""
+    from infera.engine.vllm.prewarm import make_router
+
+    original = module.build_app
+
+    def build_app(*args: Any, **kwargs: Any) -> Any:
+        app = original(*args, **kwargs)
+        app.include_router(make_router(socket_path))
+        return app
+
+    module.build_app = build_app
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvloop
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    make_arg_parser, validate, run_server, app_module = _vllm_server()
+    cli_env_setup()
+    parser = FlexibleArgumentParser(description="vLLM's OpenAI-compatible server with infera-kvd.")
+    parser = make_arg_parser(parser)
+    group = parser.add_argument_group("infera-kvd")
+    group.add_argument(
+        "--kvd-socket-path",
+        default=None,
+        help="kvd daemon socket: enables POST /v1/cache/prewarm (and sets INFERA_KVD_SOCKET if unset).",
+    )
+    for flag in PD_FLAGS:
+        group.add_argument(flag, default=None, help="prefill/decode discovery: accepted, not used yet.")
+    args = parser.parse_args(default_failure_policy(sys.argv[1:] if argv is None else argv))
+    try:
+        from vllm.logger import configure_logging_from_args
+
+        configure_logging_from_args(args)
+    except ImportError:
+        pass
+    validate(args)
+    given = [f for f in PD_FLAGS if getattr(args, f[2:].replace("-", "_"), None) is not None]
+    if given:
+        print(
+            f"infera-kvd: {' '.join(given)} accepted but not used yet (P/D discovery is not in this build)",
+            file=sys.stderr,
+        )
+    if args.kvd_socket_path:
+        os.environ.setdefault("INFERA_KVD_SOCKET", args.kvd_socket_path)
+        if int(getattr(args, "api_server_count", 1) or 1) > 1:
+            print("infera-kvd: /v1/cache/prewarm needs --api-server-count 1; not installed", file=sys.stderr)
+        else:
+            install_prewarm_route(app_module, args.kvd_socket_path)
+    uvloop.run(run_server(args))
+
+
+if __name__ == "__main__":
+    main()

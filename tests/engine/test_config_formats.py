@@ -1,0 +1,115 @@
+"""Environment parsing, retention classes and the per-layer KV format verdicts."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from infera.engine.vllm import formats
+from infera.engine.vllm.config import parse_chunk_tokens, parse_roots, read_env, retention_of
+from infera.errors import UsageError
+
+
+def test_read_env_defaults() -> None:
+    env = read_env({})
+    assert env.socket is None
+    assert env.chunk_tokens is None
+    assert env.ais == "0"
+    assert not env.gpu_direct_requested
+
+
+def test_read_env_values() -> None:
+    env = read_env(
+        {
+            "INFERA_KVD_SOCKET": "/run/kvd.sock",
+            "INFERA_KVD_CHUNK_TOKENS": "512",
+            "INFERA_KVD_AIS": "auto",
+            "INFERA_KVD_HIPFILE_ROOTS": "long=/nvme/kvd-long, scratch=/nvme2/x",
+        }
+    )
+    assert env.socket == "/run/kvd.sock"
+    assert env.chunk_tokens == 512
+    assert env.hipfile_roots == {"long": "/nvme/kvd-long", "scratch": "/nvme2/x"}
+    assert env.gpu_direct_requested
+    assert not read_env({"INFERA_KVD_AIS": "auto"}).gpu_direct_requested
+    assert read_env({"INFERA_KVD_AIS": "1"}).gpu_direct_requested
+
+
+@pytest.mark.parametrize("text", ["abc", "0", "-5", "1.5"])
+def test_bad_chunk_tokens_is_a_usage_error(text: str) -> None:
+    with pytest.raises(UsageError):
+        parse_chunk_tokens(text)
+
+
+def test_auto_chunk_tokens() -> None:
+    assert parse_chunk_tokens("auto") is None
+    assert parse_chunk_tokens(" AUTO ") is None
+
+
+def test_bad_roots_and_ais() -> None:
+    with pytest.raises(UsageError):
+        parse_roots("/nvme/kvd-long")
+    with pytest.raises(UsageError):
+        read_env({"INFERA_KVD_AIS": "yes"})
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        (None, "long"),
+        ({}, "long"),
+        ({"infera_retention": "none"}, "none"),
+        ({"infera_retention": "SHORT"}, "short"),
+        ({"infera_retention": "long"}, "long"),
+        ({"infera_retention": "ephemeral"}, "long"),
+        ({"other": 1}, "long"),
+    ],
+)
+def test_retention_of(params: object, expected: str) -> None:
+    assert retention_of(params) == expected
+
+
+def test_unknown_retention_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="infera.engine.vllm"):
+        assert retention_of({"infera_retention": "forever-xyz"}) == "long"
+        assert retention_of({"infera_retention": "forever-xyz"}) == "long"
+    assert sum("forever-xyz" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize(
+    ("kw", "offload", "kind"),
+    [
+        ({"cache_dtype": "auto", "token_bytes": 128}, True, "paged"),
+        ({"cache_dtype": "fp8", "token_bytes": 64}, True, "paged"),
+        ({"cache_dtype": "fp8_per_token_head", "token_bytes": 72}, False, "packed"),
+        ({"cache_dtype": "auto", "quant_mode": "NVFP4"}, False, "packed"),
+        ({"cache_dtype": "auto", "use_mla": True, "token_bytes": 1152, "head_size": 576}, True, "mla"),
+        ({"cache_dtype": "fp8", "use_mla": True, "token_bytes": 576, "head_size": 576}, True, "mla"),
+        ({"cache_dtype": "fp8_ds_mla", "use_mla": True, "token_bytes": 656, "head_size": 576}, False, "packed"),
+        ({"cache_dtype": "fp8", "use_mla": True, "token_bytes": 584, "head_size": 584}, False, "packed"),
+        ({"cache_dtype": "fp8", "use_mla": True, "token_bytes": 132, "indexer": True}, True, "dsa-indexer"),
+        ({"cache_dtype": "weird_dtype", "token_bytes": 64}, False, "unknown"),
+    ],
+)
+def test_classify(kw: dict[str, object], offload: bool, kind: str) -> None:
+    args: dict[str, object] = {"use_mla": False, **kw}
+    fmt = formats.classify("model.layers.3.self_attn.attn", attention=True, **args)  # type: ignore[arg-type]
+    assert (fmt.offload, fmt.kind) == (offload, kind)
+
+
+def test_classify_indexer_by_name_and_state_layers() -> None:
+    fmt = formats.classify("model.layers.0.self_attn.indexer.k_cache", attention=True, use_mla=True, cache_dtype="fp8")
+    assert fmt.offload and fmt.kind == "dsa-indexer"
+    state = formats.classify("model.layers.0.mamba", attention=False, use_mla=False, cache_dtype="auto")
+    assert not state.offload
+
+
+def test_skip_message_names_the_layer() -> None:
+    fmt = formats.classify(
+        "model.layers.7.self_attn.attn", attention=True, use_mla=True, cache_dtype="fp8_ds_mla", token_bytes=656
+    )
+    msg = formats.skip_message(fmt)
+    assert msg.startswith("register_kv_caches: ")
+    assert "model.layers.7.self_attn.attn" in msg
+    assert msg.endswith("SKIPS it")
