@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent environment set-up for infera-kvd on a fresh Debian/Python 3.11 machine.
 #   scripts/setup.sh            base install into .venv (enough for `kvd demo`)
-#   scripts/setup.sh --all      + dev tools, TUI, Mooncake, system services (etcd, redis, libibverbs)
-#                                 and the two vLLM CPU venvs the connector tests run in
+#   scripts/setup.sh --all      + dev tools, TUI, Mooncake, system services (etcd, redis, libibverbs),
+#                                 .venv-lmcache (lmcache_server) and the two vLLM CPU venvs
 # Each step is skipped when its marker says it is already done for the current pyproject.toml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +37,20 @@ if [ ${#need[@]} -gt 0 ]; then
   say "apt-get install ${need[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# -- lmcache_server for the lmcache long-tier tests ----------------------------------------------
+# Its own venv: lmcache pulls torch and pins protobuf/grpcio/numpy versions the vLLM venvs must not
+# get. torch first, so pip takes the CPU wheel instead of resolving a CUDA build.
+LMC_STAMP="lmcache-0.5.6-torch-2.13.0"
+if [ "$(cat .venv-lmcache/.kvd-stamp 2>/dev/null)" != "$LMC_STAMP" ]; then
+  say "creating .venv-lmcache (lmcache 0.5.6 on CPU torch 2.13; ~1.5 min)"
+  [ -x .venv-lmcache/bin/python ] || $PY -m venv .venv-lmcache
+  .venv-lmcache/bin/pip install -q torch==2.13.0 2>&1 | grep -v "is ignored: it is neither" || true
+  .venv-lmcache/bin/pip install -q lmcache==0.5.6 2>&1 | grep -v "is ignored: it is neither" || true
+  LMCACHE_TRACK_USAGE=false .venv-lmcache/bin/python -c "import lmcache.v1.server.__main__" >/dev/null 2>&1 \
+    || { echo "lmcache venv broken" >&2; exit 1; }
+  echo "$LMC_STAMP" > .venv-lmcache/.kvd-stamp
 fi
 
 # -- vLLM CPU venvs for the connector tests ----------------------------------------------------

@@ -69,6 +69,15 @@ def recv_into(sock: socket.socket, view: memoryview) -> None:
         view = view[n:]
 
 
+def abort(sock: socket.socket) -> None:
+    """Close with a reset (SO_LINGER 0) instead of a FIN handshake."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+    sock.close()
+
+
 def drain(sock: socket.socket, n: int) -> None:
     buf = bytearray(min(n, 1 << 20))
     while n:
@@ -94,7 +103,7 @@ class LMCacheTransport(Transport):
 
     def _conn(self) -> socket.socket:
         sock: socket.socket | None = getattr(self._local, "sock", None)
-        if sock is None:
+        if sock is None or sock.fileno() < 0:
             try:
                 sock = socket.create_connection((self.host, self.port), timeout=IO_TIMEOUT_S)
             except OSError as exc:
@@ -112,7 +121,7 @@ class LMCacheTransport(Transport):
             with self._lock:
                 if sock in self._socks:
                     self._socks.remove(sock)
-            sock.close()
+            abort(sock)
         return TransportError(f"lmcache_server connection lost: {exc}", "down")
 
     def _reply(self, sock: socket.socket) -> tuple[int, int]:
@@ -188,12 +197,18 @@ class LMCacheTransport(Transport):
     def remove(self, name: str) -> bool:
         return False  # the protocol has no delete: values stay until the server restarts
 
-    def close(self) -> None:
-        self._ok = False
+    def reset(self) -> None:
+        """The server went away: drop every connection with a reset, so the server's port is not
+        left in FIN_WAIT/TIME_WAIT (lmcache_server binds without SO_REUSEADDR and could not be
+        restarted on the same port for a minute)."""
         with self._lock:
             socks, self._socks = self._socks, []
         for s in socks:
-            s.close()
+            abort(s)
+
+    def close(self) -> None:
+        self._ok = False
+        self.reset()
 
 
 class LMCacheTier(RemoteTier):

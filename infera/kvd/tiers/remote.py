@@ -110,6 +110,9 @@ class Transport:
     def remove(self, name: str) -> bool:
         raise NotImplementedError
 
+    def reset(self) -> None:
+        """Called by the monitor when the store stopped answering (drop stale connections)."""
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -316,6 +319,8 @@ class RemoteTier:
                     )
             except TransportError as exc:
                 why = str(exc)
+                if self.t.connected:
+                    self.t.reset()
             except Exception as exc:  # a bug in a client library must not end the monitor
                 log.exception("%s: connecting failed", self.backend)
                 why = f"{type(exc).__name__}: {exc}"
