@@ -8,10 +8,9 @@ thousands separators, so what is on screen can be checked against ``kvd stat --j
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich.table import Table
 from rich.text import Text
 
 from infera.kvd.sizes import format_size
@@ -124,38 +123,67 @@ def status_line(
     return out
 
 
-def cache_table(stats: Mapping[str, Any], sample: Sample | None) -> Table:
+def grid(rows: Sequence[Sequence[str | Text]], justify: str, styles: Sequence[str] = ()) -> Text:
+    """Cells in columns two spaces apart, as one Text. ``justify`` has an ``l`` or ``r`` per
+    column; ``styles`` gives plain-string cells a per-column style. A Rich Table would measure
+    every cell on every refresh, which is most of a frame's cost; this only counts characters."""
+    ncol = len(justify)
+    cells = [
+        [
+            c if isinstance(c, Text) else Text(c, style=styles[i] if i < len(styles) else "")
+            for i, c in enumerate(row)
+        ]
+        for row in rows
+    ]
+    widths = [0] * ncol
+    for row in cells:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], cell.cell_len)
+    out = Text()
+    for r, row in enumerate(cells):
+        if r:
+            out.append("\n")
+        for i, cell in enumerate(row):
+            pad = " " * (widths[i] - cell.cell_len)
+            if i:
+                out.append("  ")
+            if justify[i] == "r":
+                out.append(pad)
+            out.append_text(cell)
+            if justify[i] == "l" and i < len(row) - 1:
+                out.append(pad)
+    return out
+
+
+def cache_table(stats: Mapping[str, Any], sample: Sample | None) -> Text:
     """Hits, misses and hit ratio overall and per tier, with the main request counters."""
-    t = Table.grid(padding=(0, 2))
-    t.add_column("tier", style="bold")
-    t.add_column("hits", justify="right")
-    t.add_column("misses", justify="right")
-    t.add_column("hit ratio", justify="right")
-    t.add_row("", Text("hits", style="dim"), Text("misses", style="dim"), Text("hit ratio", style="dim"))
+    dim = "dim"
+    rows: list[list[str | Text]] = [["", Text("hits", dim), Text("misses", dim), Text("hit ratio", dim)]]
     hits, misses = stats.get("hits_total", 0), stats.get("misses_total", 0)
-    t.add_row("all", format_count(hits), format_count(misses), Text(pct(ratio(hits, misses)), style="bold"))
+    rows.append(["all", format_count(hits), format_count(misses), Text(pct(ratio(hits, misses)), "bold")])
     tiers = _map(stats.get("tiers"))
     for name in ("ram", "long"):
         tier = tiers.get(name)
         if isinstance(tier, Mapping):
             h, m = tier.get("hits", 0), tier.get("misses", 0)
-            t.add_row(name, format_count(h), format_count(m), pct(ratio(h, m)))
+            rows.append([name, format_count(h), format_count(m), pct(ratio(h, m))])
     recent = sample.recent_hit_ratio if sample else None
-    t.add_row(Text("recent", style="dim"), "", "", Text(pct(recent), style="dim"))
-    t.add_row("", "", "", "")
-    t.add_row(
-        "gets", format_count(stats.get("gets_total", 0)), "sets", format_count(stats.get("sets_total", 0))
+    rows.append([Text("recent", dim), "", "", Text(pct(recent), dim)])
+    rows.append(["", "", "", ""])
+    rows.append(
+        ["gets", format_count(stats.get("gets_total", 0)), "sets", format_count(stats.get("sets_total", 0))]
     )
-    t.add_row(
-        "lookups",
-        format_count(stats.get("lookups_total", 0)),
-        "keys found",
-        pct(ratio(stats.get("lookup_hit_keys_total", 0), _missed_lookup_keys(stats))),
+    found = pct(ratio(stats.get("lookup_hit_keys_total", 0), _missed_lookup_keys(stats)))
+    rows.append(["lookups", format_count(stats.get("lookups_total", 0)), "keys found", found])
+    rows.append(
+        [
+            "chunks",
+            format_count(stats.get("chunks", 0)),
+            "deletes",
+            format_count(stats.get("deletes_total", 0)),
+        ]
     )
-    t.add_row(
-        "chunks", format_count(stats.get("chunks", 0)), "deletes", format_count(stats.get("deletes_total", 0))
-    )
-    return t
+    return grid(rows, "lrrr", ("bold",))
 
 
 def _missed_lookup_keys(stats: Mapping[str, Any]) -> int:
@@ -188,7 +216,7 @@ def _num(value: Any) -> float:
     return float(value) if isinstance(value, int | float) else 0.0
 
 
-def health_table(stats: Mapping[str, Any]) -> Table:
+def health_table(stats: Mapping[str, Any]) -> Text:
     """Counters that mean data was lost or refused; non-zero ones that signal trouble are coloured."""
     long = long_tier(stats) or {}
     rows: list[tuple[str, Any, str]] = [
@@ -203,20 +231,13 @@ def health_table(stats: Mapping[str, Any]) -> Table:
             ("dropped writes", long.get("dropped_writes", 0), "yellow"),
             ("queued writes", long.get("queued_writes", 0), ""),
         ]
-    t = Table.grid(padding=(0, 2))
-    t.add_column(style="bold")
-    t.add_column(justify="right")
-    t.add_column(style="bold")
-    t.add_column(justify="right")
-    cells: list[Text | str] = []
+    cells: list[str | Text] = []
     for label, value, alert in rows:
         cells.append(label)
         cells.append(Text(format_count(value), style=alert if alert and _num(value) > 0 else ""))
     while len(cells) % 4:
         cells.append("")
-    for i in range(0, len(cells), 4):
-        t.add_row(*cells[i : i + 4])
-    return t
+    return grid([cells[i : i + 4] for i in range(0, len(cells), 4)], "lrlr", ("bold", "", "bold"))
 
 
 def _scalar(value: Any) -> str:
@@ -244,31 +265,28 @@ def long_extras(long: Mapping[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def long_table(stats: Mapping[str, Any]) -> Table | Text:
+def long_table(stats: Mapping[str, Any]) -> Text:
     """State of the long tier (L3 disk or L4 mooncake / lmcache) and whatever it reports."""
     long = long_tier(stats)
     if long is None:
         return Text("no long tier: RAM only (start kvd with --long-path or --long-backend)", style="dim")
     backend = str(long.get("backend") or stats.get("long_backend") or "?")
     state = str(long.get("state") or "unknown")
-    t = Table.grid(padding=(0, 2))
-    t.add_column(style="bold")
-    t.add_column()
     level = "L4" if backend in L4_BACKENDS else "L3"
-    t.add_row("backend", f"{backend} ({level})")
-    t.add_row("state", Text(state, style=STATE_STYLE.get(state, "bold")))
-    t.add_row("chunks", format_count(long.get("chunks", 0)))
-    t.add_row(
-        "read / written",
-        f"{format_size(_num(long.get('bytes_read')))} / {format_size(_num(long.get('bytes_written')))}",
-    )
-    if isinstance(long.get("index_load_s"), int | float) and not isinstance(long.get("index_load_s"), bool):
-        t.add_row("index load", f"{long['index_load_s']:.2f} s")
-    for key, value in long_extras(long):
-        t.add_row(key, value)
+    read, written = format_size(_num(long.get("bytes_read"))), format_size(_num(long.get("bytes_written")))
+    rows: list[list[str | Text]] = [
+        ["backend", f"{backend} ({level})"],
+        ["state", Text(state, style=STATE_STYLE.get(state, "bold"))],
+        ["chunks", format_count(long.get("chunks", 0))],
+        ["read / written", f"{read} / {written}"],
+    ]
+    load = long.get("index_load_s")
+    if isinstance(load, int | float) and not isinstance(load, bool):
+        rows.append(["index load", f"{load:.2f} s"])
+    rows.extend([key, value] for key, value in long_extras(long))
     if long.get("last_error"):
-        t.add_row("last error", Text(str(long["last_error"]), style="red"))
-    return t
+        rows.append(["last error", Text(str(long["last_error"]), style="red")])
+    return grid(rows, "ll", ("bold",))
 
 
 def client_cells(client: Mapping[str, Any]) -> list[str]:
