@@ -41,6 +41,10 @@ class Style:
     def bold(self, text: str) -> str:
         return typer.style(text, bold=True) if self.color else text
 
+    @property
+    def dot(self) -> str:
+        return "·" if self.unicode else "-"
+
     def dim(self, text: str) -> str:
         return typer.style(text, dim=True) if self.color else text
 
@@ -94,11 +98,13 @@ def _check_lines(r: Finished, st: Style, verbose: bool, width: int, idw: int) ->
     problem = res.status in (Status.WARN, Status.FAIL, Status.UNKNOWN)
     if verbose or problem:
         for d in res.details:
-            lines.extend(_wrap(d, width, pad + "· ", pad + "  "))
+            lines.extend(_wrap(d, width, pad + st.dot + " ", pad + "  "))
     if res.fix and problem:
         lines.extend(_wrap(res.fix, width, pad + st.bold("fix: "), pad + "     "))
     if verbose:
-        lines.append(pad + st.dim(f"{r.title} · {r.elapsed_s * 1000:.0f} ms · docs/doctor/{r.id}.md"))
+        lines.append(
+            pad + st.dim(f"{r.title} {st.dot} {r.elapsed_s * 1000:.0f} ms {st.dot} docs/doctor/{r.id}.md")
+        )
         for e in res.evidence:
             lines.extend(_wrap(f"[{e.kind}] {e.source}: {e.value}", width, pad + "  ", pad + "    "))
     return lines

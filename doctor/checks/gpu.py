@@ -62,7 +62,7 @@ def gpu(ctx: Context) -> CheckResult:
             problems.append((Status.WARN, f"{g.bdf} is {what}"))
             fixes.append("load amdgpu (`sudo modprobe amdgpu`) and check `dmesg` for why it did not bind")
     names = Counter(g.name for g in inv.amd)
-    label = ", ".join(f"{n} × {name}" for name, n in names.items())
+    label = ", ".join(f"{n}x {name}" for name, n in names.items())
     if not problems:
         vis = {format_size(g.vis_vram_total) for g in inv.amd if g.vis_vram_total}
         return ok(

@@ -60,7 +60,7 @@ def parse_gdscheck(text: str) -> GdsCheck:
     section = ""
     for raw in text.splitlines():
         line = raw.strip()
-        if not line:
+        if not line or set(line) == {"="}:
             continue
         if m := re.match(r"GDS release version:\s*(\S+)", line):
             g.release = m.group(1)
