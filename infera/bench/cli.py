@@ -72,5 +72,34 @@ def top_render(
     run_guarded(run_top_render_bench, clients=clients, history=history, frames=frames, json_out=json_out)
 
 
+@bench_app.command("l4")
+def l4(
+    chunk_size: str = typer.Option("4M", "--chunk-size", help="Size of each chunk."),
+    count: int = typer.Option(32, "--count", help="Chunks put and got per round."),
+    rounds: int = typer.Option(3, "--rounds", help="Rounds (each side keeps its best)."),
+    batch: int = typer.Option(8, "--batch", help="Keys per kvd GET request."),
+    master: str = typer.Option(
+        None, "--master", help="Use this running mooncake_master (HOST:PORT) instead of a throwaway one."
+    ),
+    metadata: str = typer.Option(None, "--metadata", help="Its metadata service (with --master)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Put and get through kvd into Mooncake vs Mooncake's own client (ratio; target >= 0.9)."""
+    from infera.bench.l4 import run_l4_bench
+    from infera.clikit import run_guarded
+
+    code = run_guarded(
+        run_l4_bench,
+        chunk_size=chunk_size,
+        count=count,
+        rounds=rounds,
+        batch=batch,
+        master=master,
+        metadata=metadata,
+        json_out=json_out,
+    )
+    raise typer.Exit(code or 0)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(bench_app, name="bench")

@@ -1,0 +1,299 @@
+"""``kvd bench l4``: put and get of 4 MiB chunks through kvd into Mooncake, against Mooncake's own
+client doing the same, in one run.
+
+Both sides run as their own processes against one throwaway cluster (a ``mooncake_master`` and
+a ``mooncake_client`` storage node on loopback, or ``--master``/``--metadata`` of a running one)
+and move the same number of chunks with the same concurrency:
+
+* Mooncake alone: from ``THREADS`` threads, both ``put_from`` / ``get_into`` of registered memory
+  and the scatter/gather calls kvd uses (4 KiB header + payload); the faster is the baseline.
+* kvd put: a client puts the chunks into daemon A (copy into the arena, seal); timed until A's
+  writer lanes (``THREADS`` of them) report every chunk stored in Mooncake.
+* kvd get: a client GETs the chunks from daemon B, whose RAM is empty, in requests of
+  ``--batch`` keys; B's reader threads copy them from Mooncake into its arena and verify them.
+  The client takes leases (the data is in the shared arena, where an engine reads it), no copy.
+
+The ratio kvd / Mooncake is the figure of merit (target >= 0.9). Rounds alternate the two sides
+and each keeps its best round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from infera.bench.common import machine_line, temp_daemon
+from infera.errors import KvdError
+from infera.kvd.sizes import format_size, parse_size
+
+THREADS = 2  # the daemon's writer lanes and reader threads
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise KvdError(f"{what} did not start") from None
+            time.sleep(0.05)
+
+
+def _bin(name: str) -> str:
+    path = os.path.join(os.path.dirname(sys.executable), name)
+    found = path if os.path.exists(path) else shutil.which(name)
+    if not found:
+        raise KvdError(f"{name} not found", hint="pip install 'infera-kvd[mooncake]'")
+    return found
+
+
+@contextlib.contextmanager
+def local_cluster(segment: str) -> Iterator[tuple[str, str]]:
+    """A mooncake_master with HTTP metadata and one storage node on loopback; yields
+    (master address, metadata URL)."""
+    tmp = tempfile.mkdtemp(prefix="kvd-bench-mc-")
+    rpc, http, metrics, node = _free_port(), _free_port(), _free_port(), _free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    log = open(os.path.join(tmp, "cluster.log"), "wb")  # noqa: SIM115 - closed below
+    env = {**os.environ, "MC_TCP_BIND_ADDRESS": "127.0.0.1"}
+    try:
+        master = subprocess.Popen(
+            [
+                _bin("mooncake_master"),
+                "--rpc_address=127.0.0.1",
+                f"--rpc_port={rpc}",
+                "--metrics_host=127.0.0.1",
+                f"--metrics_port={metrics}",
+                "--enable_http_metadata_server=true",
+                "--http_metadata_server_host=127.0.0.1",
+                f"--http_metadata_server_port={http}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        procs.append(master)
+        _wait_port(rpc, master, "mooncake_master")
+        _wait_port(http, master, "mooncake_master's metadata server")
+        meta = f"http://127.0.0.1:{http}/metadata"
+        storage = subprocess.Popen(
+            [
+                _bin("mooncake_client"),
+                "--host=127.0.0.1",
+                f"--port={node}",
+                f"--global_segment_size={segment}",
+                "--local_buffer_size=16 MB",
+                f"--master_server_address=127.0.0.1:{rpc}",
+                f"--metadata_server={meta}",
+                "--protocol=tcp",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        procs.append(storage)
+        _wait_port(node, storage, "mooncake_client storage node")
+        yield f"127.0.0.1:{rpc}", meta
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+BASELINE = r"""
+import ctypes, json, os, sys, threading, time
+os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+from mooncake.store import MooncakeDistributedStore
+master, meta, size, count, threads, tag = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+H = 4096
+s = MooncakeDistributedStore()
+assert s.setup("127.0.0.1", meta, 0, 16 << 20, "tcp", "", master) == 0
+n = (size + H) * threads
+buf = ctypes.create_string_buffer(n); base = ctypes.addressof(buf)
+ctypes.memmove(base, os.urandom(n), n)
+assert s.register_buffer(base, n) == 0
+def run(op, api, keys):
+    errors = []
+    def work(t):
+        p = base + t * (size + H)
+        for k in keys[t::threads]:
+            if api == "plain":
+                rc = s.put_from(k, p, size) if op == "put" else s.get_into(k, p, size)
+                want = size
+            elif op == "put":
+                rc = s.batch_put_from_multi_buffers([k], [[p, p + H]], [[H, size]])[0]
+            else:
+                rc = s.batch_get_into_multi_buffers([k], [[p, p + H]], [[H, size]])[0]
+                want = size + H
+            if (op == "put" and rc != 0) or (op == "get" and rc != want):
+                errors.append(rc)
+    ts = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    t0 = time.perf_counter()
+    for t in ts: t.start()
+    for t in ts: t.join()
+    dt = time.perf_counter() - t0
+    if errors: raise SystemExit(f"{op} ({api}) failed: {errors[:5]}")
+    return dt
+out = {}
+for api in ("plain", "multi"):
+    keys = [f"bench/{tag}/{api}/{i}" for i in range(count)]
+    out[f"put_s_{api}"] = run("put", api, keys)
+    out[f"get_s_{api}"] = run("get", api, keys)
+    s.batch_remove(keys, True)
+out["put_s"] = min(out["put_s_plain"], out["put_s_multi"])
+out["get_s"] = min(out["get_s_plain"], out["get_s_multi"])
+print(json.dumps(out))
+s.close()
+"""
+
+
+def mooncake_alone(master: str, meta: str, size: int, count: int, tag: str) -> dict[str, float]:
+    env = {**os.environ, "MC_TCP_BIND_ADDRESS": "127.0.0.1"}
+    res = subprocess.run(
+        [sys.executable, "-c", BASELINE, master, meta, str(size), str(count), str(THREADS), tag],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    if res.returncode != 0:
+        raise KvdError("Mooncake baseline failed: " + (res.stderr or res.stdout).strip()[-400:])
+    out: dict[str, float] = json.loads(res.stdout.strip().splitlines()[-1])
+    return out
+
+
+def _long(client: Any) -> dict[str, Any]:
+    long: dict[str, Any] = client.stats()["tiers"]["long"]
+    return long
+
+
+def _wait_ready(client: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _long(client)["state"] != "ready":
+        if time.monotonic() > deadline:
+            raise KvdError(f"the daemon's Mooncake tier is not ready: {_long(client)}")
+        time.sleep(0.05)
+
+
+def through_kvd(a_sock: str, b_sock: str, size: int, count: int, batch: int, tag: str) -> dict[str, float]:
+    from infera.kvd.client import KvdClient
+
+    payload = os.urandom(size)
+    keys = [f"{tag}-{i}".encode() for i in range(count)]
+    with KvdClient(a_sock, namespace="bench") as a, KvdClient(b_sock, namespace="bench") as b:
+        _wait_ready(a)
+        _wait_ready(b)
+        done0 = _long(a)["chunks_written"]
+        t0 = time.perf_counter()
+        for k in keys:
+            a.put(k, payload)
+        while True:
+            s = _long(a)
+            if s["chunks_written"] - done0 >= count and s["queued_writes"] == 0:
+                break
+            if s["failed_writes"] or s["backpressure"]:
+                raise KvdError(f"kvd writes failed: {s['last_error']}")
+            time.sleep(0.005)
+        put_s = time.perf_counter() - t0
+        hits0 = _long(b)["hits"]
+        t0 = time.perf_counter()
+        for i in range(0, count, batch):
+            leases = b.lease(keys[i : i + batch])
+            if any(x is None for x in leases):
+                raise KvdError(f"kvd GET missed chunks that are in Mooncake: {_long(b)}")
+            b.release([x[0] for x in leases if x is not None])
+        get_s = time.perf_counter() - t0
+        if _long(b)["hits"] - hits0 != count:
+            raise KvdError("kvd GET did not read every chunk from Mooncake")
+        a.delete(keys)  # also removes them from Mooncake
+        b.delete(keys)
+    return {"put_s": put_s, "get_s": get_s}
+
+
+def run_l4_bench(
+    chunk_size: str = "4M",
+    count: int = 32,
+    rounds: int = 3,
+    batch: int = 8,
+    master: str | None = None,
+    metadata: str | None = None,
+    json_out: bool = False,
+) -> int:
+    size = parse_size(chunk_size, "--chunk-size")
+    total = size * count
+    arena = f"{max(2 * total + (64 << 20), 256 << 20) >> 20}M"
+    segment = f"{max(4 * total, 256 << 20) >> 20} MB"
+    os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+    with contextlib.ExitStack() as stack:
+        if master is None:
+            master, metadata = stack.enter_context(local_cluster(segment))
+        meta = metadata or "P2PHANDSHAKE"
+        args = ["--max-bytes", arena, "--long-backend", "mooncake", "--mooncake-master", master]
+        args += ["--mooncake-metadata", meta]
+        a_sock, _ = stack.enter_context(temp_daemon(*args))
+        b_sock, _ = stack.enter_context(temp_daemon(*args))
+        mc: list[dict[str, float]] = []
+        kv: list[dict[str, float]] = []
+        for r in range(rounds):
+            mc.append(mooncake_alone(master, meta, size, count, f"r{r}"))
+            kv.append(through_kvd(a_sock, b_sock, size, count, batch, f"r{r}"))
+    mib = total / (1 << 20)
+
+    def rate(runs: list[dict[str, float]], key: str) -> float:
+        return max(mib / r[key] for r in runs)
+
+    result: dict[str, Any] = {
+        "chunk_bytes": size,
+        "chunks": count,
+        "rounds": rounds,
+        "get_batch": batch,
+        "threads": THREADS,
+        "mooncake_put_mib_s": round(rate(mc, "put_s"), 1),
+        "kvd_put_mib_s": round(rate(kv, "put_s"), 1),
+        "mooncake_get_mib_s": round(rate(mc, "get_s"), 1),
+        "kvd_get_mib_s": round(rate(kv, "get_s"), 1),
+        "machine": machine_line(),
+    }
+    result["put_ratio"] = round(result["kvd_put_mib_s"] / result["mooncake_put_mib_s"], 3)
+    result["get_ratio"] = round(result["kvd_get_mib_s"] / result["mooncake_get_mib_s"], 3)
+    if json_out:
+        print(json.dumps(result))
+        return 0
+    print(
+        f"kvd bench l4: {count} x {format_size(size)} chunks, {rounds} rounds (best of each), {THREADS} threads"
+    )
+    print(f"  {result['machine']}")
+    print(f"  {'':<6}{'Mooncake alone':>18}{'through kvd':>16}{'ratio':>9}")
+    for op in ("put", "get"):
+        print(
+            f"  {op:<6}{result[f'mooncake_{op}_mib_s']:>13.1f} MiB/s{result[f'kvd_{op}_mib_s']:>11.1f} MiB/s"
+            f"{result[f'{op}_ratio']:>9.2f}"
+        )
+    print("  target: ratio >= 0.9 (kvd adds little on top of Mooncake)")
+    return 0
+
+
+__all__ = ["run_l4_bench"]
