@@ -60,6 +60,17 @@ def render_text(stats: dict[str, Any], all_fields: bool = False) -> str:
             + (f" of {format_size(long['capacity'])}" if long.get("capacity") else "")
             + f", hits {long.get('hits', 0)}, corrupt {long.get('corrupt_chunks', 0)}"
         )
+        if "connected" in long:  # a distributed (L4) tier: where it is, how fast, what failed
+            latency = long.get("latency_ms")
+            lines.append(
+                f"{'long tier link':<24}{long.get('endpoint', '?')} "
+                f"{'connected' if long.get('connected') else 'NOT connected'}"
+                + (f", latency {latency:.1f} ms" if isinstance(latency, int | float) else "")
+                + f", errors {long.get('errors', 0)}, failed writes {long.get('failed_writes', 0)}"
+                + f", dropped writes {long.get('dropped_writes', 0)}"
+            )
+        if long.get("last_error"):
+            lines.append(f"{'long tier last error':<24}{long['last_error']}")
     if all_fields:
         skip = {*MAIN, "clients", "tiers", "warnings"}
         for key in sorted(k for k in stats if k not in skip):

@@ -243,3 +243,15 @@ def test_kvd_stat_shows_the_long_tier(cluster: MooncakeMaster, start_daemon: Cal
     )
     assert res.returncode == 0, res.stderr
     assert "mooncake ready" in res.stdout
+    link = next(line for line in res.stdout.splitlines() if line.startswith("long tier link"))
+    assert cluster.address in link and " connected" in link and "errors 0" in link
+    cluster.kill()
+    wait_long(a, lambda s: s["state"] == "disconnected", timeout=10)
+    res = subprocess.run(
+        [sys.executable, "-m", "infera.cli", "stat", "--socket", a.socket],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert "mooncake disconnected" in res.stdout and "NOT connected" in res.stdout
+    assert "does not answer" in res.stdout
