@@ -41,6 +41,13 @@ class Recognized:
     env_incomplete: bool = False
     mounts: list[tuple[str, str, Loc | None]] = field(default_factory=list)
     container: bool = False
+    unset: set[str] = field(default_factory=set)  # removed by `env -u NAME`
+
+    def effective_env(self, shell_env: dict[str, EnvVal]) -> dict[str, EnvVal]:
+        """The process's environment: the shell's exported variables (unless fresh) plus its own."""
+        if self.env_fresh:
+            return dict(self.env)
+        return {**{k: v for k, v in shell_env.items() if k not in self.unset}, **self.env}
 
 
 _PY_RE = re.compile(r"^python(\d+(\.\d+)*)?$")
@@ -129,7 +136,9 @@ def _base(word: str) -> str:
     return os.path.basename(word)
 
 
-def _strip_wrappers(words: list[Word], env: dict[str, EnvVal], rec_flags: dict[str, bool]) -> list[Word]:
+def _strip_wrappers(
+    words: list[Word], env: dict[str, EnvVal], rec_flags: dict[str, bool], unset: set[str]
+) -> list[Word]:
     """Drop ``exec``, ``nohup``, ``env A=B`` and friends in front of the real command."""
     i = 0
     while i < len(words):
@@ -144,9 +153,11 @@ def _strip_wrappers(words: list[Word], env: dict[str, EnvVal], rec_flags: dict[s
                     env.clear()
                 elif t in ("-u", "--unset") and i + 1 < len(words):
                     env.pop(words[i + 1].text, None)
+                    unset.add(words[i + 1].text)
                     i += 1
                 elif t.startswith("--unset="):
                     env.pop(t.split("=", 1)[1], None)
+                    unset.add(t.split("=", 1)[1])
                 elif t in ("-C", "--chdir") and i + 1 < len(words):
                     i += 1
                 elif t.startswith("-") and "=" not in t:
@@ -154,6 +165,7 @@ def _strip_wrappers(words: list[Word], env: dict[str, EnvVal], rec_flags: dict[s
                 elif re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", t):
                     k, _, v = t.partition("=")
                     env[k] = EnvVal(v if words[i].known else None, words[i].loc)
+                    unset.discard(k)
                 else:
                     break
                 i += 1
@@ -243,19 +255,21 @@ def recognize(words: list[Word], shell_env: dict[str, EnvVal] | None = None) -> 
     """What ``words`` runs: a kvd daemon, an engine leg, or None for anything else."""
     env: dict[str, EnvVal] = {}
     flags: dict[str, bool] = {}
+    unset: set[str] = set()
     container: Recognized | None = None
-    words = _strip_wrappers(words, env, flags)
+    words = _strip_wrappers(words, env, flags, unset)
     dock = _docker(words, {**(shell_env or {}), **env})
     if dock is not None:
         words, container = dock
         env = dict(container.env)
-        words = _strip_wrappers(words, env, flags)
+        words = _strip_wrappers(words, env, flags, unset)
     if not words:
         return None
     rec = _classify(words)
     if rec is None:
         return None
     rec.env = env
+    rec.unset = unset
     rec.env_fresh = flags.get("env_fresh", False)
     if container is not None:
         rec.env_fresh = True

@@ -91,7 +91,7 @@ def _run_words(
     rec = recognize(words, env)
     if rec is None:
         return
-    eff = dict(rec.env) if rec.env_fresh else {**env, **rec.env}
+    eff = rec.effective_env(env)
     proc, mounts = build_process(rec, name, eff, complete, loc)
     _add(dep, proc, mounts)  # type: ignore[arg-type]
 

@@ -171,7 +171,7 @@ class ShellReader:
         rec = recognize(expanded, env)
         if rec is None:
             return
-        eff = dict(rec.env) if rec.env_fresh else {**env, **rec.env}
+        eff = rec.effective_env(env)
         start = self.loc(span[0], span[0], span[1])
         name = f"{os.path.basename(self.path)}:{start.line}"
         proc, mounts = build_process(rec, name, eff, self.state.env_complete, start)
@@ -268,6 +268,16 @@ class ShellReader:
                 opt = words[j].text
                 j += 2 if len(opt) == 2 and opt[1] in _SSH_VALUE_OPTS else 1
             rest = words[j + 1 :]
+            if (
+                heredocs
+                and heredocs[-1].body
+                and (
+                    not rest
+                    or (os.path.basename(rest[0].text) in _SHELLS and "-c" not in [w.text for w in rest])
+                )
+            ):
+                self._heredoc(heredocs[-1], _State())
+                return True
             if rest:
                 text = " ".join(w.text for w in rest)
                 if rest[0].known and rest[0].loc is not None:

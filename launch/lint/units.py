@@ -166,7 +166,7 @@ def read_unit(text: str, path: str) -> Deployment:
         rec = recognize(words, env)
         if rec is None:
             continue
-        eff = dict(rec.env) if rec.env_fresh else {**env, **rec.env}
+        eff = rec.effective_env(env)
         proc, mounts = build_process(rec, name, eff, complete, loc)
         if isinstance(proc, Daemon):
             dep.daemons.append(proc)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Iterator
 from typing import Any
 
 from infera.errors import UsageError
-from infera.launch.model import Daemon, Deployment
+from infera.launch.model import Daemon, Deployment, Loc
 from infera.launch.rules.registry import Context, Hit, Severity, rule
 
 DISTRIBUTED = ("mooncake", "lmcache")
@@ -16,19 +17,25 @@ MOONCAKE_FLAGS = ("--mooncake-master", "--mooncake-metadata", "--mooncake-protoc
 MOONCAKE_PROTOCOLS = ("tcp", "rdma")
 
 
-def daemon_options() -> dict[str, tuple[str, Any]]:
-    """``--flag`` -> (parameter name, default) for every option of the daemon (`infera.kvd.cli.serve`)."""
+def daemon_options() -> dict[str, tuple[str, Any, str | None]]:
+    """``--flag`` -> (parameter name, default, env var) for every option of `infera.kvd.cli.serve`."""
     from infera.kvd.cli import serve
 
-    out: dict[str, tuple[str, Any]] = {}
+    out: dict[str, tuple[str, Any, str | None]] = {}
     for name, param in inspect.signature(serve).parameters.items():
-        decls = getattr(param.default, "param_decls", None) or ()
+        info = param.default
+        decls = getattr(info, "param_decls", None) or ()
+        envvar = getattr(info, "envvar", None)
         for decl in decls:
             for flag in str(decl).split("/"):
                 if flag.startswith("--"):
-                    out[flag] = (name, getattr(param.default, "default", None))
+                    out[flag] = (
+                        name,
+                        getattr(info, "default", None),
+                        envvar if isinstance(envvar, str) else None,
+                    )
     for flag in MOONCAKE_FLAGS:
-        out.setdefault(flag, (flag[2:].replace("-", "_"), None))
+        out.setdefault(flag, (flag[2:].replace("-", "_"), None, None))
     return out
 
 
@@ -74,11 +81,14 @@ def long_tier_both(dep: Deployment, ctx: Context) -> Iterator[Hit]:
             )
 
 
-def _config_error(d: Daemon, opts: dict[str, tuple[str, Any]]) -> str | None:
+def _config_error(d: Daemon, opts: dict[str, tuple[str, Any, str | None]]) -> str | None:
     """Run the daemon's own flag validation (`infera.kvd.config.build_config`) over ``d``'s flags."""
     from infera.kvd.config import LONG_BACKENDS, build_config
 
-    values: dict[str, Any] = {name: default for name, default in opts.values()}
+    values: dict[str, Any] = {}
+    for name, default, envvar in opts.values():
+        from_env = d.env.get(envvar) if envvar else None
+        values[name] = from_env if from_env is not None else default
     for use in d.flags():
         if use.name not in opts or use.value_index in d.unknown_args:
             continue
@@ -155,20 +165,28 @@ def daemon_flags(dep: Deployment, ctx: Context) -> Iterator[Hit]:
         backend = (d.long_backend or "").lower()
         if d.has_flag("--long-path") and backend in DISTRIBUTED:
             continue  # KVD501
+        messages: list[tuple[str, Loc | None]] = []
         err = _config_error(d, opts)
         if err:
-            yield Hit(f"daemon: {err}", d.where())
+            named = re.search(r"--[a-z][a-z0-9-]*", err)
+            where = d.where_flag(named.group(0)) if named and d.has_flag(named.group(0)) else d.where()
+            messages.append((err, where))
         moon = [f for f in MOONCAKE_FLAGS if d.has_flag(f)]
-        if backend == "mooncake" and not d.has_flag("--mooncake-master"):
-            yield Hit(
-                "daemon: --long-backend mooncake needs --mooncake-master HOST:PORT",
-                d.where_flag("--long-backend"),
+        master = d.has_flag("--mooncake-master") or "INFERA_KVD_MOONCAKE_MASTER" in d.env
+        if backend == "mooncake" and not master:
+            messages.append(
+                ("--long-backend mooncake needs --mooncake-master HOST:PORT", d.where_flag("--long-backend"))
             )
         elif moon and backend != "mooncake":
-            yield Hit(f"daemon: {moon[0]} is ignored without --long-backend mooncake", d.where_flag(moon[0]))
+            messages.append((f"{moon[0]} is ignored without --long-backend mooncake", d.where_flag(moon[0])))
         proto = d.flag_value("--mooncake-protocol")
         if proto is not None and proto not in MOONCAKE_PROTOCOLS:
-            yield Hit(
-                f"daemon: --mooncake-protocol {proto!r} is not tcp or rdma",
-                d.where_flag("--mooncake-protocol"),
+            messages.append(
+                (f"--mooncake-protocol {proto!r} is not tcp or rdma", d.where_flag("--mooncake-protocol"))
             )
+        seen: set[str] = set()
+        for msg, where in messages:
+            key = msg.split(":")[0] if msg.startswith("--mooncake-protocol") else msg[:40]
+            if key not in seen:
+                seen.add(key)
+                yield Hit(f"daemon: {msg}", where)

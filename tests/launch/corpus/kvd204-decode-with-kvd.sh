@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The decode leg was given the prefill leg's kvd settings.
+PYTHONHASHSEED=0 INFERA_KVD_SOCKET=/var/run/infera-kvd.sock VLLM_HOST_IP=10.0.0.6 \
+python -m infera.engine.vllm --model m --port 8002 \
+  --advertise-host 10.0.0.6 --etcd-endpoint etcd:2379 \
+  --discovery-backend etcd --request-transport http --kv-event-transport zmq \
+  --kv-transfer-config '{"kv_connector":"MultiConnector","kv_role":"kv_consumer","kv_connector_extra_config":{"connectors":[{"kv_connector":"InferaKvdConnector","kv_role":"kv_both","kv_connector_module_path":"infera.engine.vllm.kvd_connector"},{"kv_connector":"MooncakeConnector","kv_role":"kv_consumer"}]}}'

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+python -m infera.kvd --socket /run/kvd.sock --max-bytes 16G &
+sleep 2
+PYTHONHASHSEED=0 INFERA_KVD_SOCKET=/var/run/infera-kvd.sock \
+python -m infera.engine.vllm --model m --enable-prefix-caching \
+  --kv-transfer-config '{"kv_connector":"InferaKvdConnector","kv_role":"kv_both","kv_connector_module_path":"infera.engine.vllm.kvd_connector"}'

@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+PYTHONHASHSEED=0 INFERA_KVD_SOCKET=/var/run/infera-kvd.sock INFERA_KVD_AIS=1 \
+python -m infera.engine.vllm --model m --enable-prefix-caching \
+  --kv-transfer-config '{"kv_connector":"InferaKvdConnector","kv_role":"kv_both","kv_connector_module_path":"infera.engine.vllm.kvd_connector"}'
