@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import mmap
 import os
 import struct
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -364,36 +366,54 @@ def _read_all(fd: int, bufs: list[memoryview]) -> int:
     return pos
 
 
+_tls = threading.local()
+
+
+def _aligned_header() -> memoryview:
+    """A page-aligned 4 KiB buffer per thread: O_DIRECT needs aligned memory for the header too."""
+    buf = getattr(_tls, "header", None)
+    if buf is None:
+        buf = _tls.header = memoryview(mmap.mmap(-1, HEADER_SIZE))
+    return buf
+
+
 def read_into(
     path: str,
     target: memoryview,
     *,
+    length: int | None = None,
     digest: bytes | None = None,
     key: bytes | None = None,
+    direct: bool = False,
     drop_cache: bool = True,
 ) -> ChunkHeader:
-    """Read the chunk at ``path`` into ``target`` (exactly its payload length) and verify it.
+    """Read the chunk at ``path`` into ``target`` and verify it; ``length`` is the payload length
+    the caller expects (default: all of ``target``).
 
-    Raises FileNotFoundError when the file is gone, SizeChanged when its size is not
-    ``HEADER_SIZE + len(target)``, CorruptChunk / OtherVersion when it cannot be trusted."""
-    want = target.nbytes
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    ``direct`` reads with O_DIRECT, bypassing the page cache; ``target`` must then start on a
+    page boundary and span ``length`` rounded up to 4 KiB (arena regions do). Raises
+    FileNotFoundError when the file is gone, SizeChanged when its size is not ``HEADER_SIZE +
+    length``, CorruptChunk / OtherVersion when it cannot be trusted, OSError(EINVAL) when the
+    filesystem refuses O_DIRECT."""
+    want = target.nbytes if length is None else length
+    flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECT if direct else 0)
+    fd = os.open(path, flags)
     try:
         size = os.fstat(fd).st_size
-        header_buf = bytearray(HEADER_SIZE)
+        header_buf = _aligned_header() if direct else memoryview(bytearray(HEADER_SIZE))
         if size < HEADER_SIZE:
-            got = _read_all(fd, [memoryview(header_buf)])
-            raise CorruptChunk(f"truncated file ({got} bytes, shorter than the header)")
+            raise CorruptChunk(f"truncated file ({size} bytes, shorter than the header)")
         if size != HEADER_SIZE + want:
-            _read_all(fd, [memoryview(header_buf)])
+            _read_all(fd, [header_buf])
             header = ChunkHeader.unpack(header_buf)
             if header.payload_length != size - HEADER_SIZE:
                 raise CorruptChunk(
                     f"truncated file ({size - HEADER_SIZE} of {header.payload_length} payload bytes)"
                 )
             raise SizeChanged(size)
-        got = _read_all(fd, [memoryview(header_buf), target])
-        if drop_cache:
+        room = (want + HEADER_SIZE - 1) // HEADER_SIZE * HEADER_SIZE if direct else want
+        got = _read_all(fd, [header_buf, target[:room]])
+        if drop_cache and not direct:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
@@ -406,7 +426,7 @@ def read_into(
         raise CorruptChunk("file holds another key than its name says")
     if digest is not None and header.namespace_digest != digest:
         raise CorruptChunk("file belongs to another namespace than its directory says")
-    if checksum(header.algo, target) != header.payload_checksum:
+    if checksum(header.algo, target[:want]) != header.payload_checksum:
         raise CorruptChunk(f"payload checksum mismatch ({ALGO_NAMES.get(header.algo, header.algo)})")
     return header
 

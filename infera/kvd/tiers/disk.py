@@ -23,7 +23,7 @@ import os
 import shutil
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,7 @@ from infera.errors import KvdError
 from infera.kvd import chunkfile as cf
 from infera.kvd.store import LONG, Chunk
 from infera.kvd.tiers import diskio
+from infera.kvd.tiers.diskread import Reads
 
 if TYPE_CHECKING:
     from infera.kvd.config import DaemonConfig
@@ -41,7 +42,6 @@ log = logging.getLogger("infera.kvd.disk")
 READERS = 4
 MERGE_BATCH = 4096
 BACKLOG_MAX = 65536
-CORRUPT_LOG_MAX = 20
 
 
 class WriteJob:
@@ -57,33 +57,6 @@ class WriteJob:
         self.cancelled = False
         self.skipped = False
         self.unlinks: list[str] = []
-
-
-class ReadJob:
-    __slots__ = ("cancelled", "chunk", "digest", "fkey", "ikey", "length", "path", "started", "waiters")
-
-    def __init__(self, ikey: bytes, fkey: bytes, digest: bytes | None, path: str, length: int) -> None:
-        self.ikey = ikey
-        self.fkey = fkey
-        self.digest = digest
-        self.path = path
-        self.length = length
-        self.chunk: Chunk | None = None
-        self.started = False
-        self.cancelled = False
-        self.waiters: list[Waiter] = []
-
-
-class Waiter:
-    """One deferred request: its callback runs when every read it waits for has finished."""
-
-    __slots__ = ("armed", "done", "left", "pinned")
-
-    def __init__(self, done: Callable[[], None]) -> None:
-        self.done = done
-        self.left = 0
-        self.armed = False  # set once fetch() has returned, so done() never runs inside it
-        self.pinned: list[Chunk] = []
 
 
 class DiskTier:
@@ -112,11 +85,6 @@ class DiskTier:
         self._ns_by_prefix: dict[bytes, int] = {}
         self._writes: dict[bytes, WriteJob] = {}  # newest queued write per fkey
         self._backlog: OrderedDict[bytes, None] = OrderedDict()  # ikeys of unwritten long chunks
-        self._reads: dict[bytes, ReadJob] = {}
-        self._urgent: deque[ReadJob] = deque()
-        self._background: deque[ReadJob] = deque()
-        self._inflight = 0
-        self._max_inflight = READERS * 2
         self._dirs: set[str] = set()
         self._failing: dict[str, str] = {}  # condition -> first message, logged once
         self._deleted_while_loading: set[bytes] = set()
@@ -148,8 +116,9 @@ class DiskTier:
         self.store.c.setdefault("corrupt_chunks_total", 0)
         self.store.on_seal = self._on_seal
         self.store.on_drop = self._on_drop
-        self._writers = diskio.Workers("disk-write", cfg.long_writers, self._write_job, lanes=True)
-        self._readers = diskio.Workers("disk-read", READERS, self._read_job, lanes=False)
+        writers = int(os.environ.get("INFERA_KVD_DISK_WRITERS", "0")) or cfg.long_writers
+        self._writers = diskio.Workers("disk-write", writers, self._write_job, lanes=True)
+        self.reads = Reads(self, int(os.environ.get("INFERA_KVD_DISK_READERS", "0")) or READERS)
         self._load_started = time.monotonic()
         threading.Thread(target=self._load, name="kvd-disk-load", daemon=True).start()
         self._check_space()
@@ -189,7 +158,7 @@ class DiskTier:
             )
 
     # -- keys -------------------------------------------------------------------------------
-    def _ns_of(self, ikey: bytes) -> tuple[bytes, bytes, str]:
+    def ns_of(self, ikey: bytes) -> tuple[bytes, bytes, str]:
         nid = int.from_bytes(ikey[:2], "big")
         ns = self._ns.get(nid)
         if ns is None:
@@ -200,8 +169,8 @@ class DiskTier:
             self._ns_by_prefix[digest[:8]] = nid
         return ns
 
-    def _fkey(self, ikey: bytes) -> bytes:
-        return self._ns_of(ikey)[1] + ikey[2:]
+    def fkey(self, ikey: bytes) -> bytes:
+        return self.ns_of(ikey)[1] + ikey[2:]
 
     def _in_ram(self, fkey: bytes) -> bool:
         nid = self._ns_by_prefix.get(fkey[:8])
@@ -238,12 +207,12 @@ class DiskTier:
         self.loading = False
         self.index_load_s = round(time.monotonic() - self._load_started, 3)
         self._deleted_while_loading.clear()
-        self.c["files_other_version"] = result.other_version
-        self.c["quarantined"] = result.quarantined
+        self.c["files_other_version"] += result.other_version
+        self.c["quarantined"] += result.quarantined
         self.c["stale_temp_removed"] += result.stale_temps
         self._young_temps = result.young_temps
         for problem in result.unreadable:
-            self._fail("scan", f"cannot read {problem}")
+            self.fail("scan", f"cannot read {problem}")
         self._make_room(0)
         log.info(
             "disk tier %s: %d chunk files, %d bytes of %d, indexed in %.3fs%s",
@@ -265,15 +234,15 @@ class DiskTier:
         chances = len(index)
         while self.bytes_used + self.reserved + need > self.capacity and index:
             fkey = next(iter(index))
-            if chances > 0 and (self._in_ram(fkey) or fkey in self._reads):
+            if chances > 0 and (self._in_ram(fkey) or fkey in self.reads.reading):
                 index.move_to_end(fkey)
                 chances -= 1
                 continue
-            self._forget(fkey)
+            self.forget(fkey)
             self.c["evicted_files"] += 1
             self._unlink(fkey)
 
-    def _forget(self, fkey: bytes) -> None:
+    def forget(self, fkey: bytes) -> None:
         size = self.index.pop(fkey, None)
         if size is not None:
             self.bytes_used -= size
@@ -298,11 +267,11 @@ class DiskTier:
         """Queue a write-through of ``chunk``; False when the queue is full (nothing pinned)."""
         size = cf.HEADER_SIZE + chunk.length
         if size > self.capacity:
-            self._fail("too_large", f"a {size}-byte chunk is larger than --long-bytes; not persisted")
+            self.fail("too_large", f"a {size}-byte chunk is larger than --long-bytes; not persisted")
             return True
         if self.queued >= self.queue_max or self.pinned + chunk.length > self.pin_max:
             return False
-        digest, prefix, text = self._ns_of(chunk.ikey)
+        digest, prefix, text = self.ns_of(chunk.ikey)
         fkey = prefix + chunk.key
         self._make_room(size)
         job = WriteJob(chunk, fkey, digest, text, diskio.file_path(self.root, fkey))
@@ -325,7 +294,7 @@ class DiskTier:
             except FileNotFoundError:
                 pass
             except OSError as exc:
-                self.server.call_soon(lambda e=exc: self._fail(diskio.classify_os_error(e), f"unlink: {e}"))  # type: ignore[misc]
+                self.server.call_soon(lambda e=exc: self.fail(diskio.classify_os_error(e), f"unlink: {e}"))  # type: ignore[misc]
             return
         job: WriteJob = arg
         chunk = job.chunk
@@ -362,9 +331,9 @@ class DiskTier:
             del self._writes[job.fkey]
         if err is not None:
             self.c["failed_writes"] += 1
-            self._fail(diskio.classify_os_error(err), f"writing {job.path}: {err.strerror or err}")
+            self.fail(diskio.classify_os_error(err), f"writing {job.path}: {err.strerror or err}")
         elif not job.skipped and not job.cancelled:
-            self._forget(job.fkey)
+            self.forget(job.fkey)
             self.index[job.fkey] = job.size
             self.bytes_used += job.size
             self.c["bytes_written"] += job.size
@@ -387,7 +356,7 @@ class DiskTier:
                 return
 
     # -- errors -----------------------------------------------------------------------------
-    def _fail(self, condition: str, message: str) -> None:
+    def fail(self, condition: str, message: str) -> None:
         self.last_error = message
         if condition not in self._failing:
             self._failing[condition] = message
@@ -402,12 +371,12 @@ class DiskTier:
 
     # -- reads ------------------------------------------------------------------------------
     def contains(self, ikey: bytes) -> bool:
-        fkey = self._fkey(ikey)
+        fkey = self.fkey(ikey)
         if fkey in self.index:
             return True
-        return self.loading and self._probe(fkey) is not None
+        return self.loading and self.probe(fkey) is not None
 
-    def _probe(self, fkey: bytes) -> int | None:
+    def probe(self, fkey: bytes) -> int | None:
         """While the index loads, look at the file itself (one stat) and index it if present."""
         if fkey in self._deleted_while_loading:
             return None
@@ -430,165 +399,23 @@ class DiskTier:
     def fetch(self, ikeys: Iterable[bytes], on_ready: Callable[[], None]) -> bool:
         """Read the chunks of ``ikeys`` that are on disk but not in RAM; True if ``on_ready``
         will be called (on the loop thread) once they are all in the arena or have failed."""
-        ikeys = list(ikeys)
-        waiter = Waiter(on_ready)
-        self._request(ikeys, waiter, urgent=True)
-        if waiter.left == 0:
-            return False
-        ram = self.store.index
-        for ikey in ikeys:  # what RAM holds now must still be there when the reply is built
-            chunk = ram.get(ikey)
-            if chunk is not None:
-                chunk.pins += 1
-                waiter.pinned.append(chunk)
-        waiter.armed = True
-        return True
+        return self.reads.fetch(ikeys, on_ready)
 
     def prewarm(self, ikeys: list[bytes]) -> int:
-        return self._request(ikeys, None, urgent=False)
-
-    def _request(self, ikeys: Iterable[bytes], waiter: Waiter | None, urgent: bool) -> int:
-        n = 0
-        ram = self.store.index
-        for ikey in ikeys:
-            if ikey in ram:
-                continue
-            job = self._reads.get(ikey)
-            if job is None:
-                fkey = self._fkey(ikey)
-                size = self.index.get(fkey)
-                if size is None and self.loading:
-                    size = self._probe(fkey)
-                if size is None or size < cf.HEADER_SIZE:
-                    continue
-                digest = self._ns_of(ikey)[0]
-                job = ReadJob(ikey, fkey, digest, diskio.file_path(self.root, fkey), size - cf.HEADER_SIZE)
-                self._reads[ikey] = job
-                (self._urgent if urgent else self._background).append(job)
-            elif urgent and not job.started and not job.waiters:
-                self._urgent.append(job)
-            if waiter is not None:
-                job.waiters.append(waiter)
-                waiter.left += 1
-            n += 1
-        self._pump()
-        return n
-
-    def _pump(self) -> None:
-        while self._inflight < self._max_inflight and (self._urgent or self._background):
-            job = (self._urgent or self._background).popleft()
-            if job.started or self._reads.get(job.ikey) is not job:
-                continue
-            chunk = self.store.reserve_hidden(job.ikey, job.length)
-            if chunk is None:
-                if job.ikey not in self.store.index:
-                    self.c["promotion_no_room"] += 1
-                self._finish(job, ok=False)
-                continue
-            job.chunk = chunk
-            job.started = True
-            self._inflight += 1
-            self._readers.submit(job)
-
-    def _read_job(self, job: ReadJob) -> None:
-        chunk = job.chunk
-        assert chunk is not None
-        outcome: str = "ok"
-        detail: Any = None
-        view = self._arena[chunk.offset : chunk.offset + chunk.length]
-        try:
-            cf.read_into(job.path, view, digest=job.digest, key=job.fkey[8:])
-            os.utime(job.path)
-        except FileNotFoundError:
-            outcome = "missing"
-        except cf.SizeChanged as exc:
-            outcome, detail = "size", exc.size
-        except cf.OtherVersion as exc:
-            outcome, detail = "other", str(exc)
-        except cf.CorruptChunk as exc:
-            outcome, detail = "corrupt", (str(exc), diskio.quarantine(self.root, job.path))
-        except OSError as exc:
-            outcome, detail = "error", exc
-        finally:
-            view.release()
-        self.server.call_soon(lambda: self._read_done(job, outcome, detail))
-
-    def _read_done(self, job: ReadJob, outcome: str, detail: Any) -> None:
-        self._inflight -= 1
-        chunk = job.chunk
-        assert chunk is not None
-        ok = outcome == "ok" and not job.cancelled
-        if ok:
-            self.store.publish(chunk)
-            self.c["bytes_read"] += chunk.length
-            self.c["hits" if job.waiters else "prewarmed"] += 1
-            if job.fkey in self.index:
-                self.index.move_to_end(job.fkey)
-        else:
-            self.store.cancel_hidden(chunk)
-            self._account_failure(job, outcome, detail)
-        self._finish(job, ok)
-        self._pump()
-
-    def _account_failure(self, job: ReadJob, outcome: str, detail: Any) -> None:
-        if outcome == "missing":
-            self._forget(job.fkey)
-        elif outcome == "size":
-            if job.fkey in self.index:
-                self.bytes_used += detail - self.index[job.fkey]
-                self.index[job.fkey] = detail
-        elif outcome == "other":
-            self._forget(job.fkey)
-            self.c["files_other_version"] += 1
-        elif outcome == "corrupt":
-            self._forget(job.fkey)
-            why, where = detail
-            self.c["corrupt_chunks"] += 1
-            self.store.c["corrupt_chunks_total"] = self.store.c.get("corrupt_chunks_total", 0) + 1
-            if where:
-                self.c["quarantined"] += 1
-            self.last_error = f"corrupt chunk {job.path}: {why}"
-            if self.c["corrupt_chunks"] <= CORRUPT_LOG_MAX:
-                log.warning(
-                    "disk tier: corrupt chunk %s (%s), served as a miss%s",
-                    job.path,
-                    why,
-                    f"; moved to {where}" if where else "",
-                )
-        elif outcome == "error":
-            self.c["failed_reads"] += 1
-            self._fail("read-" + diskio.classify_os_error(detail), f"reading {job.path}: {detail.strerror}")
-
-    def _finish(self, job: ReadJob, ok: bool) -> None:
-        if self._reads.get(job.ikey) is job:
-            del self._reads[job.ikey]
-        chunk = job.chunk if ok else None
-        for w in job.waiters:
-            if chunk is not None:
-                chunk.pins += 1
-                w.pinned.append(chunk)
-            w.left -= 1
-            if w.left == 0 and w.armed:
-                try:
-                    w.done()
-                finally:
-                    for c in w.pinned:
-                        self.store.unpin(c)
+        return self.reads.request(ikeys, None, urgent=False)
 
     # -- deletes ----------------------------------------------------------------------------
     def delete(self, ikeys: list[bytes]) -> int:
         n = 0
         for ikey in ikeys:
-            fkey = self._fkey(ikey)
+            fkey = self.fkey(ikey)
             job = self._writes.pop(fkey, None)
             if job is not None:
                 job.cancelled = True
-            read = self._reads.get(ikey)
-            if read is not None:
-                read.cancelled = True
+            self.reads.cancel(ikey)
             self._backlog.pop(ikey, None)
             if fkey in self.index:
-                self._forget(fkey)
+                self.forget(fkey)
                 n += 1
             elif self.loading:
                 self._deleted_while_loading.add(fkey)
@@ -630,7 +457,7 @@ class DiskTier:
             "capacity": self.capacity,
             "queued_writes": self.queued,
             "backlog": len(self._backlog),
-            "reads_in_flight": self._inflight,
+            "reads_in_flight": self.reads.inflight,
             "index_load_s": self.index_load_s,
             "last_error": self.last_error,
             "fsync": self.sync,
@@ -642,7 +469,7 @@ class DiskTier:
         self._backlog.clear()
         if not self._writers.close(timeout=15.0):
             log.warning("disk tier: writes still running at shutdown; their chunks may be missing")
-        self._readers.close(timeout=5.0)
+        self.reads.close(timeout=5.0)
         try:
             os.close(self._lock_fd)
         except OSError:
