@@ -43,7 +43,7 @@ HELP = """\
 [b]?[/b]   this help (escape closes it)
 arrows / page keys scroll the client table
 
-[b]cache[/b]      hits, misses and hit ratio overall and per tier; [i]recent[/i] covers the last refresh only
+[b]cache[/b]      hits, misses and hit ratio, overall and per tier ([i]recent[/i]: since the last refresh)
 [b]rates[/b]      per second, from the difference between two refreshes; sparklines cover the last
            few minutes (the window restarts when the daemon restarts)
 [b]capacity[/b]   fill of the RAM arena and the long tier
@@ -314,7 +314,10 @@ class TopApp(App[int]):
 
     def render_all(self) -> None:
         self.frames += 1
-        stats: Mapping[str, Any] = self.stats or {}
+        if self.stats is None:
+            self.render_waiting()
+            return
+        stats: Mapping[str, Any] = self.stats
         long = panels.long_tier(stats)
         self.render_status()
         self._put("cache", panels.cache_table(stats, self.sample))
@@ -324,7 +327,10 @@ class TopApp(App[int]):
             value = format_rate(rates[name], is_bytes) if name in rates else "–"
             peak = format_rate(max(series), is_bytes) if series else "–"
             self._put(f"rate-{name}", f"[b]{label:<10}[/b] {value:>14}\n[dim]{'peak':<10} {peak:>14}[/dim]")
-            self.main.query_one(f"#spark-{name}", Sparkline).data = series
+            spark = self.main.query_one(f"#spark-{name}", Sparkline)
+            # One column per refresh, newest on the right: fewer points than columns would
+            # otherwise be stretched across the whole width.
+            spark.data = [0.0] * (spark.size.width - len(series)) + series
         span = self.history.span_s(self.interval)
         self._put(
             "rates-note",
@@ -337,6 +343,17 @@ class TopApp(App[int]):
         self.render_clients()
         warnings = panels.warning_lines(stats)
         self._put("warnings", panels.warnings_text(stats), tuple(len(w) for w in warnings))
+
+    def render_waiting(self) -> None:
+        """Before the first reply: say so instead of showing zeros that were never measured."""
+        self.render_status()
+        waiting = "[dim]no data yet: waiting for the daemon[/dim]"
+        for wid in ("cache", "capacity", "health", "long", "warnings"):
+            self._put(wid, waiting, "waiting")
+        for name, (_counter, label, _bytes) in SERIES.items():
+            self._put(f"rate-{name}", f"[b]{label:<10}[/b] {'–':>14}\n[dim]{'peak':<10} {'–':>14}[/dim]")
+        self._put("rates-note", "")
+        self.render_clients()
 
     def render_clients(self) -> None:
         table = self.main.query_one(ClientTable)

@@ -105,14 +105,15 @@ def status_line(
     if paused:
         out.append(" PAUSED ", style="bold black on yellow")
         out.append(" ")
-    if connected:
-        out.append(" live ", style="bold black on green")
-    else:
+    if not connected:
         out.append(" DISCONNECTED ", style="bold white on red")
+        if socket not in reason:
+            out.append(f" {socket}", style="bold")
         out.append(f" {reason or 'no daemon'}; retrying every {interval:g}s", style="red")
         if last_seen:
             out.append(f"; numbers below are from {last_seen}", style="red")
-        out.append(" ")
+        return out
+    out.append(" live ", style="bold black on green")
     out.append(f" {socket}", style="bold")
     if stats:
         out.append(f"  kvd {stats.get('version', '?')}  pid {stats.get('pid', '?')}")

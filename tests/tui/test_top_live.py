@@ -255,3 +255,22 @@ def test_other_terminal_sizes_render_without_error(daemon, size: tuple[int, int]
             await wait_for(pilot, lambda: app.connected and "live" in _status(screen_text(app)))
 
     run(body)
+
+
+def test_no_daemon_at_start_says_so_and_shows_no_made_up_zeros(short_tmp, start_daemon) -> None:  # type: ignore[no-untyped-def]
+    sock = str(short_tmp / "late.sock")
+
+    async def body() -> None:
+        app = TopApp(sock, INTERVAL)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: "DISCONNECTED" in _status(screen_text(app)))
+            text = screen_text(app)
+            assert "socket file not found" in _status(text)
+            assert "no data yet: waiting for the daemon" in text
+            assert "│ all " not in text
+            d = start_daemon("--max-bytes", "16M", name="late")
+            assert d.socket == sock
+            await wait_for(pilot, lambda: f"pid {d.pid}" in _status(screen_text(app)), what="late daemon")
+            assert "no data yet" not in screen_text(app)
+
+    run(body)
