@@ -25,7 +25,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from infera.errors import UsageError
-from infera.kvd.tiers.remote import HEADER, Region, RemoteTier, Transport, TransportError
+from infera.kvd.tiers.remote import RemoteTier
+from infera.kvd.tiers.transport import HEADER, Region, Transport, TransportError
 
 if TYPE_CHECKING:
     from infera.kvd.config import DaemonConfig

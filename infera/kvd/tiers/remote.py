@@ -23,7 +23,6 @@ everything else, so both backends behave the same way:
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import mmap
 import queue
@@ -31,11 +30,13 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from infera.kvd import chunkfile as cf
 from infera.kvd.store import LONG, Chunk
 from infera.kvd.tiers.diskio import Workers
+from infera.kvd.tiers.l4link import LOG_MAX, Link
+from infera.kvd.tiers.transport import HEADER, Region, Transport, TransportError, buffer_address, verify
 
 if TYPE_CHECKING:
     from infera.kvd.config import DaemonConfig
@@ -43,103 +44,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("infera.kvd.l4")
 
-HEADER = cf.HEADER_SIZE
 READERS = 2
 FETCH_TIMEOUT_S = 2.0
 CONTAINS_TIMEOUT_S = 0.25
-PROBE_INTERVAL_S = 1.0
-DEGRADED_HOLD_S = 10.0
 KNOWN_TTL_S = 2.0
 KNOWN_MAX = 65536
 BACKLOG_MAX = 65536
 PAUSE_S = 2.0  # after a write failed for lack of room or of the store, writes wait this long
-LOG_MAX = 20  # corrupt chunks and failed operations logged one by one before only counting
-
-
-class TransportError(Exception):
-    """A failed store operation. ``kind``: ``missing`` (no such value), ``full`` (the store has no
-    room: backpressure), ``corrupt`` (a value that cannot be a chunk), ``down`` (not reachable) or
-    ``error`` (anything else)."""
-
-    def __init__(self, message: str, kind: str = "error") -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-class Region(NamedTuple):
-    """A piece of memory a transport reads into or writes from: the view, and its address for
-    stores that take raw pointers to registered memory."""
-
-    view: memoryview
-    ptr: int
-
-
-class Transport:
-    """One backend's client. Every method may block and is called from tier threads only."""
-
-    backend = "?"
-    endpoint = ""
-
-    def probe(self) -> None:
-        """Raise TransportError (kind ``down``) unless the store answers, within about a second."""
-        raise NotImplementedError
-
-    def connect(self, arena: Region, slots: Region) -> None:
-        """Open the client; ``arena`` and ``slots`` (header buffers) are what reads and writes use."""
-        raise NotImplementedError
-
-    @property
-    def connected(self) -> bool:
-        raise NotImplementedError
-
-    def name(self, digest: bytes, key: bytes) -> str:
-        """The store's name for chunk ``key`` of the namespace with digest ``digest``."""
-        raise NotImplementedError
-
-    def exists(self, name: str) -> bool:
-        raise NotImplementedError
-
-    def fetch(self, name: str, header: Region, alloc: Callable[[int], Region | None]) -> Region | None:
-        """Read value ``name``: its first HEADER bytes into ``header``, the rest into the region
-        ``alloc(payload_length)`` returns (None there: no room, give up and return None)."""
-        raise NotImplementedError
-
-    def put(self, name: str, header: Region, payload: Region, replace: bool) -> None:
-        raise NotImplementedError
-
-    def remove(self, name: str) -> bool:
-        raise NotImplementedError
-
-    def reset(self) -> None:
-        """Called by the monitor when the store stopped answering (drop stale connections)."""
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-
-def buffer_address(buf: Any) -> int:
-    """Address of a writable buffer (the arena mapping, a slot pool), without keeping it exported."""
-    obj = ctypes.c_char.from_buffer(buf)
-    try:
-        return ctypes.addressof(obj)
-    finally:
-        del obj
-
-
-def verify(header_buf: memoryview, payload: memoryview, digest: bytes, key: bytes) -> cf.ChunkHeader:
-    """Check a value read from the store like a chunk file (raises cf.ChunkFileError)."""
-    header = cf.ChunkHeader.unpack(header_buf)
-    if header.key != key:
-        raise cf.CorruptChunk("value holds another key than its name says")
-    if header.namespace_digest != digest:
-        raise cf.CorruptChunk("value belongs to another namespace than its name says")
-    if header.payload_length != payload.nbytes:
-        raise cf.CorruptChunk(
-            f"header says {header.payload_length} payload bytes, value holds {payload.nbytes}"
-        )
-    if cf.checksum(header.algo, payload) != header.payload_checksum:
-        raise cf.CorruptChunk(f"payload checksum mismatch ({cf.ALGO_NAMES.get(header.algo, header.algo)})")
-    return header
 
 
 class WriteJob:
@@ -181,27 +92,14 @@ class Waiter:
         self.pinned: list[Chunk] = []
 
 
-class _Call:
-    __slots__ = ("error", "event", "fn", "result", "started")
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn = fn
-        self.event = threading.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.started = 0.0
-
-
-class RemoteTier:
+class RemoteTier(Link):
     """A distributed long tier over ``transport`` (see :mod:`infera.kvd.tiers` for the interface)."""
 
     backend = "?"
 
     def __init__(self, cfg: DaemonConfig, server: Server, transport: Transport) -> None:
         assert server.store is not None and server.arena is not None
-        self.server = server
         self.store = server.store
-        self.t = transport
         self.queue_max = max(1, cfg.long_write_queue)
         self.pin_max = server.arena.capacity // 2
         self._arena = server.arena.view
@@ -225,16 +123,7 @@ class RemoteTier:
         self.pinned = 0
         self.chunks = 0
         self.bytes_used = 0
-        # connection state: written on the loop thread only
-        self.ever_connected = False
-        self.connecting = True
-        self.down: str | None = None
-        self.trouble_at = 0.0
-        self.last_error: str | None = None
-        self._state = "loading"
-        self._logged: dict[str, int] = {}
-        self.latency: dict[str, float | None] = {"read_ms": None, "write_ms": None, "exists_ms": None}
-        self.c = dict.fromkeys(
+        counters = dict.fromkeys(
             (
                 "hits",
                 "misses",
@@ -258,21 +147,22 @@ class RemoteTier:
             ),
             0,
         )
+        super().__init__(server, transport, counters)
         self.store.c.setdefault("corrupt_chunks_total", 0)
         self.store.on_seal = self._on_seal
         self.store.on_drop = self._on_drop
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._meta_q: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
-        self._meta_busy: _Call | None = None
         self._writers = Workers("l4-write", cfg.long_writers, self._write_job, lanes=True)
         self._readers = Workers("l4-read", READERS, self._read_job, lanes=False)
-        self._threads = [
-            threading.Thread(target=self._monitor, name="kvd-l4-monitor", daemon=True),
-            threading.Thread(target=self._meta_loop, name="kvd-l4-meta", daemon=True),
-        ]
-        for t in self._threads:
-            t.start()
+        self._start_link()
+
+    def _regions(self) -> tuple[Region, Region]:
+        return Region(self._arena, self._arena_ptr), Region(self._slot_view, self._slot_ptr)
+
+    def _reconnected(self) -> None:
+        self._resync()
+
+    def _disconnected(self) -> None:
+        self._fire_all()
 
     # -- names ------------------------------------------------------------------------------
     def _ns_of(self, ikey: bytes) -> tuple[bytes, str]:
@@ -287,113 +177,6 @@ class RemoteTier:
     def _name(self, ikey: bytes) -> tuple[str, bytes, str]:
         digest, text = self._ns_of(ikey)
         return self.t.name(digest, ikey[2:]), digest, text
-
-    # -- connection state -------------------------------------------------------------------
-    @property
-    def loading(self) -> bool:
-        return self._state == "loading"
-
-    @property
-    def state(self) -> str:
-        if self.down is not None:
-            return "disconnected"
-        if not self.ever_connected:
-            return "loading" if self.connecting else "disconnected"
-        if self.trouble_at and time.monotonic() - self.trouble_at < DEGRADED_HOLD_S:
-            return "degraded"
-        return "ready"
-
-    def _usable(self) -> bool:
-        return self.ever_connected and self.down is None
-
-    def _monitor(self) -> None:
-        """Probe the store every second; connect (or reconnect) when it answers."""
-        while not self._stop.is_set():
-            why: str | None = None
-            try:
-                self.t.probe()
-                if not self.t.connected:
-                    self.server.call_soon(lambda: self._set_connecting(True))
-                    self.t.connect(
-                        Region(self._arena, self._arena_ptr), Region(self._slot_view, self._slot_ptr)
-                    )
-            except TransportError as exc:
-                why = str(exc)
-                if self.t.connected:
-                    self.t.reset()
-            except Exception as exc:  # a bug in a client library must not end the monitor
-                log.exception("%s: connecting failed", self.backend)
-                why = f"{type(exc).__name__}: {exc}"
-            self.server.call_soon(lambda w=why: self._probed(w))  # type: ignore[misc]
-            self._wake.wait(PROBE_INTERVAL_S)
-            self._wake.clear()
-
-    def _set_connecting(self, on: bool) -> None:
-        self.connecting = on
-
-    def _probed(self, why: str | None) -> None:
-        self.connecting = False
-        if why is None:
-            first = not self.ever_connected
-            was_down = self.down is not None
-            self.ever_connected = True
-            self.down = None
-            if first:
-                log.info("%s long tier connected to %s", self.backend, self.t.endpoint)
-            elif was_down:
-                self.c["reconnects"] += 1
-                self._resync()
-        else:
-            if self.down is None:
-                self.c["disconnects"] += 1 if self.ever_connected else 0
-                self.last_error = why
-            self.down = why
-        self._update_state()
-
-    def _update_state(self) -> None:
-        new = self.state
-        if new == self._state:
-            return
-        old, self._state = self._state, new
-        self.c["state_changes"] += 1
-        if new == "disconnected":
-            log.warning(
-                "%s long tier %s -> disconnected (%s): RAM keeps serving, L4 calls are skipped until "
-                "%s answers again",
-                self.backend,
-                old,
-                self.down or self.last_error,
-                self.t.endpoint,
-            )
-            self._fire_all()
-        elif new == "degraded":
-            log.warning("%s long tier %s -> degraded: %s", self.backend, old, self.last_error)
-        else:
-            log.info("%s long tier %s -> %s", self.backend, old, new)
-
-    def _trouble(self, kind: str, message: str) -> None:
-        """Record a failed operation (loop thread): degraded for a while; ``down`` asks the
-        monitor to probe now, and only the probe decides that the store is gone."""
-        self.c["errors"] += 1
-        self.trouble_at = time.monotonic()
-        self.last_error = message
-        n = self._logged.get(kind, 0)
-        if n < LOG_MAX:
-            self._logged[kind] = n + 1
-            log.warning(
-                "%s long tier: %s%s",
-                self.backend,
-                message,
-                " (further ones counted)" if n + 1 == LOG_MAX else "",
-            )
-        if kind == "down":
-            self._wake.set()
-        self._update_state()
-
-    def _latency(self, which: str, seconds: float) -> None:
-        ms = seconds * 1000.0
-        old = self.latency[which]
-        self.latency[which] = ms if old is None else old * 0.8 + ms * 0.2
 
     def _resync(self) -> None:
         """After the store was unreachable (a Mooncake master restart loses every key), write
@@ -540,32 +323,6 @@ class RemoteTier:
             self._known.popitem(last=False)
 
     # -- existence (LOOKUP) -----------------------------------------------------------------
-    def _meta_loop(self) -> None:
-        while True:
-            call = self._meta_q.get()
-            if call is None:
-                return
-            try:
-                call.result = call.fn()
-            except BaseException as exc:
-                call.error = exc
-            call.event.set()
-
-    def _meta_call(self, fn: Callable[[], Any], timeout: float) -> Any:
-        """Run ``fn`` on the meta thread and wait at most ``timeout``; never queue behind a call
-        that is still stuck (then fail at once)."""
-        busy = self._meta_busy
-        if busy is not None and not busy.event.is_set():
-            raise TransportError("the previous existence check has not returned yet", "timeout")
-        call = _Call(fn)
-        self._meta_busy = call
-        self._meta_q.put(call)
-        if not call.event.wait(timeout):
-            raise TransportError(f"no answer within {timeout * 1000:.0f} ms", "timeout")
-        if call.error is not None:
-            raise call.error
-        return call.result
-
     def contains(self, ikey: bytes) -> bool:
         if ikey in self._reads:
             return True
@@ -820,18 +577,13 @@ class RemoteTier:
         """Finish queued writes (bounded wait), stop the threads, then close the client before
         the arena it registered is unmapped."""
         self._backlog.clear()
-        self._stop.set()
-        self._wake.set()
         self._fire_all()
         if not self._writers.close(timeout=10.0):
             log.warning(
                 "%s long tier: writes still running at shutdown; their chunks may be missing", self.backend
             )
         self._readers.close(timeout=3.0)
-        self._meta_q.put(None)
-        for t in self._threads:
-            t.join(2.0)
-        if any(t.is_alive() for t in self._threads):
+        if not self._stop_link():
             log.warning("%s long tier: a client call is still blocked at shutdown", self.backend)
             return  # closing the client under a running call can crash the process
         try:
@@ -840,4 +592,4 @@ class RemoteTier:
             log.warning("%s long tier: closing the client failed: %s", self.backend, exc)
 
 
-__all__ = ["Region", "RemoteTier", "Transport", "TransportError", "verify"]
+__all__ = ["HEADER", "Region", "RemoteTier", "Transport", "TransportError", "verify"]
