@@ -79,3 +79,20 @@ def test_link_to_missing_daemon_returns_none(short_tmp: Path) -> None:
     assert link.client() is None
     assert link.client() is None  # within backoff: no second attempt
     assert link.counters["connect_failures"] == 1
+
+
+def test_restarted_daemon_costs_no_failed_call(start_daemon: Callable[..., Daemon]) -> None:
+    d = start_daemon("--max-bytes", "16M")
+    link = make_link(d.socket)
+    assert link.call(lambda c: c.ping())
+    d.restart()
+    assert link.call(lambda c: c.ping())  # the dead connection is replaced inside the call
+    assert link.counters["disconnects"] == 1
+    assert link.counters["outages"] == 0
+    link.close()
+
+
+def test_call_without_daemon_raises_unavailable(short_tmp: Path) -> None:
+    link = make_link(str(short_tmp / "nobody.sock"))
+    with pytest.raises(KvdUnavailable):
+        link.call(lambda c: c.ping())

@@ -9,7 +9,10 @@ two engines on one host are. Usage: ``python engine_runner.py SPEC.json``, where
                {"op": "reset_prefix_cache"},
                {"op": "noise", "name": "p1", "prompt": [ids]},
                {"op": "keys", "name": "p1", "prompt": [ids]},
-               {"op": "start_daemon_probe"}]}
+               {"op": "wait_for_daemon"}, {"op": "sleep", "seconds": 1.5}]}
+
+``wait_for_daemon`` writes the marker file named by the second argument, then waits until a
+daemon answers on ``$INFERA_KVD_SOCKET``.
 
 The last line of stdout is ``RESULT {json}`` with one entry per step.
 """
@@ -114,8 +117,40 @@ def main() -> None:
                         c.put(key, noise.view(torch.uint8).numpy().tobytes(), overwrite=True)
                         overwritten += 1
                     res["overwritten"] = overwritten
+        elif op == "statctl":
+            import subprocess
+
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "infera.kvd.statctl",
+                    "--socket",
+                    os.environ["INFERA_KVD_SOCKET"],
+                    "--json",
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            res["stats"] = json.loads(out.stdout)
         elif op == "sleep":
             time.sleep(step.get("seconds", 1.0))
+        elif op == "wait_for_daemon":
+            from infera.kvd.client import KvdClient, KvdClientError
+
+            with open(sys.argv[2], "w") as fh:
+                fh.write("waiting\n")
+            deadline = time.monotonic() + step.get("timeout", 60)
+            while True:
+                try:
+                    with KvdClient(os.environ["INFERA_KVD_SOCKET"], want_arena=False, timeout=2) as c:
+                        res["ok"] = c.ping()
+                    break
+                except KvdClientError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
         else:
             raise SystemExit(f"unknown op {op!r}")
         results.append(res)

@@ -12,12 +12,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from infera.engine.vllm.keys import Namespace
-from infera.kvd.client import KvdClient, KvdClientError, KvdRefused
+from infera.kvd.client import KvdClient, KvdClientError, KvdRefused, KvdUnavailable
 
 log = logging.getLogger("infera.engine.vllm")
+T = TypeVar("T")
 
 
 class DaemonLink:
@@ -53,8 +54,9 @@ class DaemonLink:
         self._next_try = 0.0
         self._backoff = retry_initial_s
         self._down_since: float | None = None
+        self._lost_at: float | None = None
         self._lock = threading.Lock()
-        self.counters: dict[str, int] = {"connects": 0, "connect_failures": 0, "outages": 0}
+        self.counters: dict[str, int] = {"connects": 0, "connect_failures": 0, "outages": 0, "disconnects": 0}
         self.last_error = ""
 
     @property
@@ -98,14 +100,29 @@ class DaemonLink:
             self.counters["connects"] += 1
             if self._down_since is not None:
                 log.info(
-                    "infera-kvd: reconnected to %s after %.1f s; offload is back",
+                    "infera-kvd %s: reconnected to %s after %.1f s; offload is back",
+                    self.role,
                     self.socket_path,
                     now - self._down_since,
                 )
             self._down_since = None
+            self._lost_at = None
             self._backoff = self.retry_initial_s
             self._client = client
             return client
+
+    def call(self, fn: Callable[[KvdClient], T]) -> T:
+        """Run ``fn`` on the client; a connection found dead is reopened and ``fn`` tried once more
+        (a restarted daemon costs no miss). Raises KvdUnavailable when there is no daemon."""
+        for _attempt in range(2):
+            client = self.client()
+            if client is None:
+                break
+            try:
+                return fn(client)
+            except KvdUnavailable as exc:
+                self.failed(exc)
+        raise KvdUnavailable(f"kvd at {self.socket_path} is unreachable: {self.last_error}")
 
     def failed(self, exc: BaseException) -> None:
         """Report that a call on the current client failed: drop it and start backing off."""
@@ -118,14 +135,22 @@ class DaemonLink:
     def _note_failure(self, exc: BaseException, connecting: bool) -> None:
         now = self.clock()
         self.last_error = str(exc)
-        if connecting:
-            self.counters["connect_failures"] += 1
+        if not connecting:
+            # An established connection died (often a daemon restart): reopen at once, and only
+            # call it an outage if that fails.
+            self.counters["disconnects"] += 1
+            log.info("infera-kvd %s: connection to %s lost (%s); reconnecting", self.role, self.socket_path, exc)
+            self._lost_at = now
+            self._next_try = now
+            return
+        self.counters["connect_failures"] += 1
         if self._down_since is None:
-            self._down_since = now
+            self._down_since = self._lost_at if self._lost_at is not None else now
             self.counters["outages"] += 1
             hint = " (this uid is not allowed)" if isinstance(exc, KvdRefused) else ""
             log.warning(
-                "infera-kvd: daemon at %s unreachable%s: %s; serving by recompute, retrying in the background",
+                "infera-kvd %s: daemon at %s unreachable%s: %s; serving by recompute, retrying in the background",
+                self.role,
                 self.socket_path,
                 hint,
                 exc,

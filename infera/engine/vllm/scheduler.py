@@ -183,15 +183,12 @@ class SchedulerHalf:
     def _lookup(self, hashes: list[bytes]) -> int:
         if not hashes or self.link is None:
             return 0
-        client = self.link.client()
-        if client is None:
-            return 0
+        keys = lookup_keys(self.ns.digest, hashes, self.ranks)
         self.counters["lookups"] += 1
         try:
-            count = client.lookup(lookup_keys(self.ns.digest, hashes, self.ranks), hold_ms=HOLD_MS)
-        except KvdClientError as exc:
+            count = self.link.call(lambda c: c.lookup(keys, hold_ms=HOLD_MS))
+        except KvdClientError:
             self.counters["lookup_errors"] += 1
-            self.link.failed(exc)
             return 0
         return count // self.ranks
 

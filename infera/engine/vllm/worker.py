@@ -25,7 +25,7 @@ from infera.engine.vllm.keys import Namespace, chunk_key
 from infera.engine.vllm.layout import KVLayout, LayoutError
 from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import InferaKvdMetadata, RequestJob
-from infera.kvd.client import KvdClient, KvdClientError
+from infera.kvd.client import KvdClient, KvdClientError, KvdUnavailable
 
 log = logging.getLogger("infera.engine.vllm")
 
@@ -112,15 +112,17 @@ class WorkerHalf:
             self._fail_all(meta.loads)
 
     def _load(self, jobs: list[RequestJob]) -> None:
-        client = self.link.client() if self.layout is not None else None
-        if client is None or self.arena is None or self.layout is None:
+        if self.layout is None:
             self._fail_all(jobs)
             return
         keys = [chunk_key(self.ns.digest, ch.chunk_hash, self.key_rank) for job in jobs for ch in job.chunks]
         try:
-            items = client.lease(keys)
-        except KvdClientError as exc:
-            self.link.failed(exc)
+            client, items = self.link.call(lambda c: (c, c.lease(keys)))
+        except KvdClientError:
+            self._fail_all(jobs)
+            return
+        arena = self.arena
+        if arena is None:
             self._fail_all(jobs)
             return
         tokens: list[int] = []
@@ -139,7 +141,7 @@ class WorkerHalf:
                     continue
                 _token, off, length = item
                 try:
-                    self.layout.scatter(ch.block_ids, self.arena[off : off + length], ch.skip, ch.stop)
+                    self.layout.scatter(ch.block_ids, arena[off : off + length], ch.skip, ch.stop)
                 except LayoutError as exc:
                     failed = True
                     self._warn_once(
@@ -153,7 +155,8 @@ class WorkerHalf:
         try:
             client.release(tokens)
         except KvdClientError as exc:
-            self.link.failed(exc)
+            if self.link.connected:
+                self.link.failed(exc)
 
     def _fail_chunk(self, block_ids: list[int], why: str) -> None:
         self.load_errors.update(block_ids)
@@ -179,11 +182,8 @@ class WorkerHalf:
         self._report()
 
     def _save(self, jobs: list[RequestJob]) -> None:
-        assert self.layout is not None
-        client = self.link.client()
-        if client is None or self.arena is None:
-            self.counters["save_skipped_unavailable"] += sum(len(j.chunks) for j in jobs)
-            return
+        layout = self.layout
+        assert layout is not None
         by_retention: dict[str, list[tuple[bytes, list[int]]]] = {}
         for job in jobs:
             for ch in job.chunks:
@@ -191,9 +191,14 @@ class WorkerHalf:
                 by_retention.setdefault(job.retention, []).append((key, ch.block_ids))
         started = time.perf_counter()
         for retention, chunks in by_retention.items():
-            lengths = [self.layout.chunk_bytes(len(ids)) for _, ids in chunks]
+            keys = [k for k, _ in chunks]
+            lengths = [layout.chunk_bytes(len(ids)) for _, ids in chunks]
             try:
-                slots = client.reserve([k for k, _ in chunks], lengths, retention=retention)
+                client, slots = self.link.call(lambda c: (c, c.reserve(keys, lengths, retention=retention)))  # noqa: B023
+                arena = self.arena
+                if arena is None:
+                    client.abort([s[0] for s in slots if not isinstance(s, str)])
+                    raise KvdUnavailable("no arena mapping")
                 tokens: list[int] = []
                 for slot, (_key, ids), length in zip(slots, chunks, lengths, strict=True):
                     if isinstance(slot, str):
@@ -205,7 +210,7 @@ class WorkerHalf:
                         continue
                     token, off = slot
                     try:
-                        self.layout.gather(ids, self.arena[off : off + length])
+                        layout.gather(ids, arena[off : off + length])
                     except LayoutError as exc:
                         client.abort([token])
                         self._warn_once("save-layout", f"infera-kvd: cannot gather a chunk: {exc}")
@@ -214,10 +219,14 @@ class WorkerHalf:
                     self.counters["save_chunks"] += 1
                     self.counters["save_bytes"] += length
                 client.seal(tokens)
-            except KvdClientError as exc:
-                self.link.failed(exc)
+            except KvdUnavailable as exc:
+                if self.link.connected:
+                    self.link.failed(exc)
                 self.counters["save_skipped_unavailable"] += len(chunks)
                 return
+            except KvdClientError as exc:
+                self._warn_once("save-error", f"infera-kvd: the daemon rejected a save: {exc}")
+                self.counters["save_errors"] += 1
         self.counters["save_us"] += int((time.perf_counter() - started) * 1e6)
 
     # -- reporting ---------------------------------------------------------------------------
