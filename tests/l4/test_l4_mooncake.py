@@ -108,6 +108,22 @@ def test_two_daemons_share_chunks(cluster: MooncakeMaster, start_daemon: Callabl
     s = long_stats(b)
     assert s["hits"] == 4 and s["corrupt_chunks"] == 0 and s["bytes_read"] == 4 * CHUNK
     assert s["read_latency_ms"] is not None and s["connected"] is True
+    # an overwrite replaces the stored value (Mooncake's own put would keep the old one)
+    first = next(iter(data))
+    with a.client(namespace="m") as c:
+        c.put(first, b"second version", overwrite=True)
+    wait_long(a, lambda s: s["chunks_written"] == 5 and s["queued_writes"] == 0)
+    c_b = mooncake_daemon(start_daemon, cluster, "c")
+    wait_long(c_b, lambda s: s["state"] == "ready")
+    with c_b.client(namespace="m") as c:
+        assert c.get(first) == b"second version"
+    # a delete reaches the store too
+    last = list(data)[-1]
+    with a.client(namespace="m") as c:
+        c.delete([last])
+    wait_long(a, lambda s: s["removed"] >= 1)
+    with c_b.client(namespace="m") as c:
+        assert c.lookup([last]) == 0 and c.get(last) is None
     # a short-retention chunk stays in RAM only
     with a.client(namespace="m") as c:
         c.put(b"short-one", b"x" * 1000, retention="short")
