@@ -86,7 +86,11 @@ def test_unknown_retention_warns_once(caplog: pytest.LogCaptureFixture) -> None:
         ({"cache_dtype": "auto", "quant_mode": "NVFP4"}, False, "packed"),
         ({"cache_dtype": "auto", "use_mla": True, "token_bytes": 1152, "head_size": 576}, True, "mla"),
         ({"cache_dtype": "fp8", "use_mla": True, "token_bytes": 576, "head_size": 576}, True, "mla"),
-        ({"cache_dtype": "fp8_ds_mla", "use_mla": True, "token_bytes": 656, "head_size": 576}, False, "packed"),
+        (
+            {"cache_dtype": "fp8_ds_mla", "use_mla": True, "token_bytes": 656, "head_size": 576},
+            False,
+            "packed",
+        ),
         ({"cache_dtype": "fp8", "use_mla": True, "token_bytes": 584, "head_size": 584}, False, "packed"),
         ({"cache_dtype": "fp8", "use_mla": True, "token_bytes": 132, "indexer": True}, True, "dsa-indexer"),
         ({"cache_dtype": "weird_dtype", "token_bytes": 64}, False, "unknown"),
@@ -99,7 +103,9 @@ def test_classify(kw: dict[str, object], offload: bool, kind: str) -> None:
 
 
 def test_classify_indexer_by_name_and_state_layers() -> None:
-    fmt = formats.classify("model.layers.0.self_attn.indexer.k_cache", attention=True, use_mla=True, cache_dtype="fp8")
+    fmt = formats.classify(
+        "model.layers.0.self_attn.indexer.k_cache", attention=True, use_mla=True, cache_dtype="fp8"
+    )
     assert fmt.offload and fmt.kind == "dsa-indexer"
     state = formats.classify("model.layers.0.mamba", attention=False, use_mla=False, cache_dtype="auto")
     assert not state.offload
@@ -107,7 +113,11 @@ def test_classify_indexer_by_name_and_state_layers() -> None:
 
 def test_skip_message_names_the_layer() -> None:
     fmt = formats.classify(
-        "model.layers.7.self_attn.attn", attention=True, use_mla=True, cache_dtype="fp8_ds_mla", token_bytes=656
+        "model.layers.7.self_attn.attn",
+        attention=True,
+        use_mla=True,
+        cache_dtype="fp8_ds_mla",
+        token_bytes=656,
     )
     msg = formats.skip_message(fmt)
     assert msg.startswith("register_kv_caches: ")

@@ -27,7 +27,14 @@ NS = make_namespace(
 
 def make_link(sock: str, **kw: object) -> DaemonLink:
     return DaemonLink(
-        sock, NS, role="vllm-worker-0", name="test", model="/m/tiny", want_arena=True, retry_initial_s=0.05, **kw
+        sock,
+        NS,
+        role="vllm-worker-0",
+        name="test",
+        model="/m/tiny",
+        want_arena=True,
+        retry_initial_s=0.05,
+        **kw,
     )  # type: ignore[arg-type]
 
 

@@ -23,7 +23,13 @@ from typing import Any
 log = logging.getLogger("infera.engine.vllm")
 
 CONNECTOR = "InferaKvdConnector"
-PD_FLAGS = ("--advertise-host", "--etcd-endpoint", "--discovery-backend", "--request-transport", "--kv-event-transport")
+PD_FLAGS = (
+    "--advertise-host",
+    "--etcd-endpoint",
+    "--discovery-backend",
+    "--request-transport",
+    "--kv-event-transport",
+)
 KTC_FLAG = "--kv-transfer-config"
 
 

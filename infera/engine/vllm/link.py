@@ -139,7 +139,9 @@ class DaemonLink:
             # An established connection died (often a daemon restart): reopen at once, and only
             # call it an outage if that fails.
             self.counters["disconnects"] += 1
-            log.info("infera-kvd %s: connection to %s lost (%s); reconnecting", self.role, self.socket_path, exc)
+            log.info(
+                "infera-kvd %s: connection to %s lost (%s); reconnecting", self.role, self.socket_path, exc
+            )
             self._lost_at = now
             self._next_try = now
             return
