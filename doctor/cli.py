@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import typer
 
-DOCTOR_HELP = """Preflight for kvd and GPU-direct L3: driver, AIS, kernel, storage, hashing, daemon.
-
-Each check says ok / warn / fail / unknown / skip with the evidence it read (--verbose) and, for
-every problem, the next step. Exit status: 0 nothing failed, 1 a check failed, 2 usage error.
-"""
+DOCTOR_HELP = (
+    "Preflight for kvd and GPU-direct L3: driver, AIS, kernel, storage, hashing, daemon.\n\n"
+    "Each check says ok / warn / fail / unknown / skip with the evidence it read (--verbose) and, "
+    "for every problem, the next step. Exit status: 0 nothing failed, 1 a check failed, 2 usage error. "
+    "Docs: docs/doctor/README.md."
+)
 
 
 def doctor(
@@ -21,12 +22,13 @@ def doctor(
         help="Run only this check or area (repeatable). See --list-checks.",
     ),
     root: str = typer.Option(
-        "/", "--root", help="Read host files under DIR (a mounted host or a fixture tree)."
+        "/", "--root", metavar="DIR", help="Read host files under DIR (a mounted host or a fixture tree)."
     ),
     socket: str = typer.Option(
         None,
         "--socket",
-        help="Daemon socket to include [default: $INFERA_KVD_SOCKET or the per-user path, if present].",
+        metavar="PATH",
+        help="Daemon socket to include (default: $INFERA_KVD_SOCKET or the per-user path, when present).",
     ),
     long_path: str = typer.Option(
         None, "--long-path", metavar="DIR", help="Long-tier directory for the storage checks."

