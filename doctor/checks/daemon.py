@@ -73,7 +73,7 @@ def daemon(ctx: Context) -> CheckResult:
         findings.append(
             (Status.WARN, f"misses_total {misses} with hits_total {s.get('hits_total', 0)}: {causes[0]}")
         )
-        fixes.append("see the causes listed above (`kvd doctor --verbose`), starting with hash-settings")
+        fixes.append("work through the likely causes listed above, starting with hash-settings")
     gd = [
         c for c in engine_clients(s) if str(c.get("data_path", "")).startswith(("gpu", "hipfile", "cufile"))
     ]
