@@ -284,10 +284,18 @@ def long_table(stats: Mapping[str, Any]) -> Text:
     load = long.get("index_load_s")
     if isinstance(load, int | float) and not isinstance(load, bool):
         rows.append(["index load", f"{load:.2f} s"])
-    rows.extend([key, value] for key, value in long_extras(long))
     if long.get("last_error"):
         rows.append(["last error", Text(str(long["last_error"]), style="red")])
-    return grid(rows, "ll", ("bold",))
+    out = grid(rows, "ll", ("bold",))
+    extras = long_extras(long)
+    if extras:
+        half = (len(extras) + 1) // 2
+        pairs = [
+            [*extras[i], *(extras[i + half] if i + half < len(extras) else ("", ""))] for i in range(half)
+        ]
+        out.append("\n")
+        out.append_text(grid(pairs, "llll", ("dim", "", "dim")))
+    return out
 
 
 def client_cells(client: Mapping[str, Any]) -> list[str]:

@@ -274,3 +274,39 @@ def test_no_daemon_at_start_says_so_and_shows_no_made_up_zeros(short_tmp, start_
             assert "no data yet" not in screen_text(app)
 
     run(body)
+
+
+def test_long_tier_panel_matches_stats(start_daemon, short_tmp) -> None:  # type: ignore[no-untyped-def]
+    from infera.kvd.tiers import SUPPORTED
+
+    if "disk" not in SUPPORTED:
+        pytest.skip("this build has no disk long tier")
+    (short_tmp / "long").mkdir()
+    d = start_daemon(
+        "--max-bytes", "8M", "--long-path", str(short_tmp / "long"), "--long-bytes", "32M", name="long"
+    )
+    driver = d.client(name="driver")
+    for i in range(12):
+        driver.put(b"l-%d" % i, os.urandom(1 << 20))
+    for i in range(12):
+        driver.get(b"l-%d" % i)
+
+    async def body() -> None:
+        app = TopApp(d.socket, INTERVAL)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.connected and "disk (L3)" in screen_text(app))
+            long = _fresh_stats(d)["tiers"]["long"]
+            await wait_for(
+                pilot,
+                lambda: (app.stats or {}).get("tiers", {}).get("long", {}).get("chunks") == long["chunks"],
+            )
+            text = screen_text(app)
+            assert re.search(rf"│ chunks\s+{long['chunks']:,}\s+│", text)  # the long panel's row
+            assert f"{format_size(long['bytes_used'])} of {format_size(long['capacity'])}" in text
+            assert _row(text, "long")[:2] == [f"{long['hits']:,}", f"{long['misses']:,}"]
+            assert re.search(rf"state\s+{long['state']}", text)
+
+    try:
+        run(body)
+    finally:
+        driver.close()
