@@ -256,6 +256,7 @@ def run_disk_bench(
             empty = os.path.join(base, "empty")
             res["files"] = files
             res["generate_s"] = _generate(many, files)
+            os.sync()  # let the writeback of the new files settle before timing the starts
             res["start_empty"] = _start_times(empty, 0)
             res["start_with_files"] = _start_times(many, files)
     finally:

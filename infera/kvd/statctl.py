@@ -69,6 +69,21 @@ def render_text(stats: dict[str, Any], all_fields: bool = False) -> str:
                 + f", errors {long.get('errors', 0)}, failed writes {long.get('failed_writes', 0)}"
                 + f", dropped writes {long.get('dropped_writes', 0)}"
             )
+        if long.get("backend") == "disk":  # L3: where, what moved, what went wrong
+            load = long.get("index_load_s")
+            lines.append(
+                f"{'long tier disk':<24}{long.get('path', '?')}: misses {long.get('misses', 0)}, "
+                f"read {format_size(long.get('bytes_read', 0))}, "
+                f"written {format_size(long.get('bytes_written', 0))}, "
+                f"queued {long.get('queued_writes', 0)}, failed {long.get('failed_writes', 0)}, "
+                f"dropped {long.get('dropped_writes', 0)}"
+                + (f", index loaded in {load:.2f}s" if isinstance(load, int | float) else ", index loading")
+                + (
+                    f", {long['files_other_version']} files of another format left alone"
+                    if long.get("files_other_version")
+                    else ""
+                )
+            )
         if long.get("last_error"):
             lines.append(f"{'long tier last error':<24}{long['last_error']}")
     if all_fields:
