@@ -33,7 +33,7 @@ class HostView:
 
     def __init__(self, root: str | os.PathLike[str] = "/") -> None:
         self.root = Path(root).resolve()
-        self._cache: dict[tuple[str, bool], FileRead] = {}
+        self._cache: dict[tuple[str, bool, int | None], FileRead] = {}
 
     @property
     def live(self) -> bool:
@@ -48,8 +48,9 @@ class HostView:
         """How evidence names a host path: as on the host (the report header shows the root)."""
         return p
 
-    def read(self, p: str, *, gz: bool = False) -> FileRead:
-        key = (p, gz)
+    def read(self, p: str, *, gz: bool = False, limit: int | None = MAX_READ) -> FileRead:
+        """Read host file ``p`` (at most ``limit`` bytes; None reads it all, e.g. /proc/kallsyms)."""
+        key = (p, gz, limit)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -57,10 +58,10 @@ class HostView:
         try:
             if gz:
                 with gzip.open(real, "rb") as fh:
-                    data = fh.read(MAX_READ)
+                    data = fh.read(-1 if limit is None else limit)
             else:
                 with open(real, "rb") as fh:
-                    data = fh.read(MAX_READ)
+                    data = fh.read(-1 if limit is None else limit)
             res = FileRead(p, data.decode("utf-8", errors="replace"))
         except FileNotFoundError:
             res = FileRead(p, None, "missing")

@@ -67,8 +67,7 @@ def _load() -> None:
     global _loaded
     if _loaded:
         return
-    from infera.doctor import checks
-
+    checks = importlib.import_module("infera.doctor.checks")
     for mod in pkgutil.iter_modules(checks.__path__):
         importlib.import_module(f"{checks.__name__}.{mod.name}")
     _loaded = True

@@ -33,7 +33,7 @@ class Kallsyms:
 
 def kallsyms(ctx: Context) -> Kallsyms:
     def read(c: Context) -> Kallsyms:
-        r = c.host.read("/proc/kallsyms")
+        r = c.host.read("/proc/kallsyms", limit=None)  # module symbols come last; never truncate
         src = c.host.display("/proc/kallsyms")
         if r.text is None:
             return Kallsyms(set(), src, r.error)

@@ -106,3 +106,13 @@ def test_a_check_that_raises_becomes_unknown_not_a_crash(monkeypatch):
     assert bad.status is Status.UNKNOWN and "boom" in bad.summary and bad.fix
     assert rep.get("container").result.status in (Status.OK, Status.WARN)
     assert rep.exit_code == 0
+
+
+def test_kallsyms_module_symbols_past_eight_mib_are_found(tmp_path):
+    from infera.doctor.facts.kernel import AIS_SYMBOL, kallsyms
+
+    (tmp_path / "proc").mkdir()
+    filler = "ffffffff81000000 T some_kernel_function_with_a_long_name\n" * (9 * 1024 * 1024 // 56)
+    (tmp_path / "proc/kallsyms").write_text(filler + f"ffffffffc1c9b120 t {AIS_SYMBOL}\t[amdgpu]\n")
+    ctx = Context(DoctorOptions(root=str(tmp_path)))
+    assert AIS_SYMBOL in kallsyms(ctx).found
