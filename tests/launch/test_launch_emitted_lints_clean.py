@@ -1,0 +1,96 @@
+"""Everything `kvd launch` writes passes `kvd lint`, and reads back as the same deployment."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from launchkit import kvd
+
+from infera.launch.lint import Source, read_source
+from infera.launch.render import FORMATS
+
+VARIANTS = {
+    "single": ["single", "--model", "m"],
+    "single-disk-ais-prewarm": [
+        "single", "--model", "m", "--long-path", "/nvme/kvd-long", "--long-bytes", "256G", "--ais",
+        "--hipfile-root", "scratch=/scratch/kvd", "--prewarm", "--port", "9000",
+    ],
+    "single-mooncake": [
+        "single", "--model", "m", "--long-backend", "mooncake", "--mooncake-master", "10.0.0.9:50051",
+        "--mooncake-protocol", "tcp",
+    ],
+    "pd": ["pd", "--model", "m", "--etcd", "etcd:2379", "--advertise-host", "10.0.0.5"],
+    "pd-ais-prewarm": [
+        "pd", "--model", "m", "--etcd", "etcd:2379", "--advertise-host", "10.0.0.5", "--decode-advertise-host",
+        "10.0.0.6", "--long-path", "/nvme/kvd-long", "--long-bytes", "256G", "--ais", "--prewarm",
+    ],
+    # quoting: spaces, quotes, dollars and percents must survive every format
+    "single-awkward-values": [
+        "single", "--model", "org/model with space", "--python", "/opt/my venv/bin/python",
+        "--socket", "/run/kvd 1/kvd.sock", "--engine-arg=--served-model-name=it's $HOME at 100%",
+        "--engine-arg=--chat-template={{ messages }}", "--daemon-arg=--metrics-port=9400",
+    ],
+}  # fmt: skip
+
+
+def _files(tmp: Path, args: list[str], fmt: str) -> list[Path]:
+    out = tmp / fmt
+    res = kvd("launch", *args, "--image", "img:1", "--format", fmt, "--out", str(out))
+    assert res.code == 0, res.stderr
+    return sorted(out.iterdir())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_emitted_files_lint_clean(tmp_path: Path, variant: str, fmt: str) -> None:
+    files = _files(tmp_path, VARIANTS[variant], fmt)
+    res = kvd("lint", "--format", "json", "--together", *map(str, files))
+    assert res.code == 0
+    assert json.loads(res.stdout)["findings"] == []
+    for f in files:  # and each file on its own (one systemd unit, one env file)
+        res = kvd("lint", "--format", "json", str(f))
+        assert json.loads(res.stdout)["findings"] == [], f.name
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "env"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_emitted_files_read_back_as_the_same_deployment(tmp_path: Path, variant: str, fmt: str) -> None:
+    want = json.loads(kvd("launch", *VARIANTS[variant], "--format", "json").stdout)
+    files = _files(tmp_path, VARIANTS[variant], fmt)
+    daemons, legs = [], []
+    for f in files:
+        dep, errors = read_source(Source(str(f), f.read_text()))
+        assert errors == []
+        daemons += dep.daemons
+        legs += dep.legs
+    assert [(d.argv, d.env) for d in daemons] == [(want["daemon"]["argv"], want["daemon"]["env"])]
+    got = sorted(json.dumps([leg.argv, leg.env, leg.role, leg.ktc()]) for leg in legs)
+    assert got == sorted(
+        json.dumps([w["argv"], w["env"], w["role"], w["kv_transfer_config"]]) for w in want["legs"]
+    )
+
+
+def test_env_files_hold_each_legs_environment(tmp_path: Path) -> None:
+    want = json.loads(kvd("launch", *VARIANTS["pd-ais-prewarm"], "--format", "json").stdout)
+    files = {f.name: f for f in _files(tmp_path, VARIANTS["pd-ais-prewarm"], "env")}
+    assert sorted(files) == ["decode.env", "prefill.env"]
+    for leg in want["legs"]:
+        dep, _ = read_source(
+            Source(str(files[leg["name"] + ".env"]), files[leg["name"] + ".env"].read_text())
+        )
+        assert dep.legs[0].env == leg["env"]
+
+
+def test_hash_seed_none_is_only_a_warning(tmp_path: Path) -> None:
+    files = _files(
+        tmp_path,
+        ["pd", "--model", "m", "--etcd", "e:2379", "--advertise-host", "10.0.0.5", "--hash-seed", "none"],
+        "shell",
+    )
+    res = kvd("lint", "--format", "json", str(files[0]))
+    findings = json.loads(res.stdout)["findings"]
+    assert res.code == 0 and {(f["code"], f["severity"]) for f in findings} == {("KVD301", "warning")}
+    res = kvd("lint", "--format", "json", "--vllm-version", "0.29", str(files[0]))
+    assert json.loads(res.stdout)["findings"] == []
