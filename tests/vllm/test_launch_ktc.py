@@ -15,9 +15,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
 
-from launchkit import kvd, run_script  # noqa: E402
+from launchkit import kvd, run_script
 
-from infera.launch.ktc import vllm_errors  # noqa: E402
+from infera.launch.ktc import vllm_errors
 
 
 def _configs(records: list[dict]) -> list[dict]:  # type: ignore[type-arg]
@@ -81,8 +81,8 @@ def test_lint_vllm_reports_what_vllm_rejects(tmp_path: Path) -> None:
 
 def test_builtin_check_agrees_with_vllm_on_the_corpus() -> None:
     """Every kv-transfer-config in the corpus: the built-in check rejects it iff vLLM does."""
-    from infera.launch.lint import Source, read_source
     from infera.launch.ktc import builtin_errors
+    from infera.launch.lint import Source, read_source
 
     corpus = Path(__file__).resolve().parents[1] / "launch" / "corpus"
     checked = 0
