@@ -401,6 +401,9 @@ class RemoteTier(Link):
 
     def _reserve(self, job: ReadJob, length: int, box: list[Chunk | None], ev: threading.Event) -> None:
         """Loop thread: room in the arena for a value being read (invisible until published)."""
+        if job.chunk is not None:  # the transport asks again with the right size
+            self.store.cancel_hidden(job.chunk)
+            job.chunk = None
         chunk = None
         if not job.cancelled:
             chunk = self.store.reserve_hidden(job.ikey, length)
