@@ -89,6 +89,35 @@ def test_kill_9_and_restart_returns_identical_bytes(
         assert other.get(b"key-0") is None, "a namespace must never read another one's chunks"
 
 
+def test_kill_9_during_writes_leaves_no_partial_chunk(
+    start_daemon: Callable[..., Daemon], short_tmp: Path
+) -> None:
+    root = short_tmp / "long"
+    d = disk_daemon(start_daemon, root, "128M", "128M", "--fsync", "always")
+    with d.client(namespace=NS) as c:
+        data = put_chunks(c, 24, 2 << 20)
+    d.kill()  # writes are still queued or running
+    d.start()
+    with d.client(namespace=NS) as c:
+        wait_ready(c)
+        got = [c.get(k) for k in data]
+        s = c.stats()
+    assert all(g is None or g == data[k] for g, k in zip(got, data, strict=True))
+    assert s["corrupt_chunks_total"] == 0
+    assert s["tiers"]["long"]["chunks"] == len(chunk_files(root)) == sum(g is not None for g in got)
+
+
+def test_clean_stop_writes_the_backlog(start_daemon: Callable[..., Daemon], short_tmp: Path) -> None:
+    root = short_tmp / "long"
+    d = disk_daemon(start_daemon, root, "16M", "64M", env={"INFERA_KVD_TEST_WRITE_DELAY_S": "0.05"})
+    with d.client(namespace=NS) as c:
+        put_chunks(c, 12, 1 << 20)  # more than half the arena: some writes wait in the backlog
+        s = long_stats(c)
+    assert s["dropped_writes"] > 0 and s["backlog"] > 0, "the test needs writes waiting in the backlog"
+    d.stop()
+    assert len(chunk_files(root)) == 12 - s["evicted_unwritten"]
+
+
 def test_small_arena_spills_to_disk_and_reads_back(
     start_daemon: Callable[..., Daemon], short_tmp: Path
 ) -> None:

@@ -89,6 +89,8 @@ class DiskTier:
         self._failing: dict[str, str] = {}  # condition -> first message, logged once
         self._deleted_while_loading: set[bytes] = set()
         self._young_temps: list[str] = []
+        # lets tests hold writes in the queue (a slow disk on demand)
+        self._test_write_delay = float(os.environ.get("INFERA_KVD_TEST_WRITE_DELAY_S", "0"))
         self.loading = True
         self.index_load_s: float | None = None
         self.last_error: str | None = None
@@ -294,11 +296,15 @@ class DiskTier:
             except FileNotFoundError:
                 pass
             except OSError as exc:
-                self.server.call_soon(lambda e=exc: self.fail(diskio.classify_os_error(e), f"unlink: {e}"))  # type: ignore[misc]
+                self.server.call_soon(
+                    lambda e=exc: self.fail("unlink-" + diskio.classify_os_error(e), f"unlink: {e}")
+                )  # type: ignore[misc]
             return
         job: WriteJob = arg
         chunk = job.chunk
         err: OSError | None = None
+        if self._test_write_delay:
+            time.sleep(self._test_write_delay)
         if job.cancelled or chunk.zombie:
             job.skipped = True
         else:
@@ -331,7 +337,7 @@ class DiskTier:
             del self._writes[job.fkey]
         if err is not None:
             self.c["failed_writes"] += 1
-            self.fail(diskio.classify_os_error(err), f"writing {job.path}: {err.strerror or err}")
+            self.fail("write-" + diskio.classify_os_error(err), f"writing {job.path}: {err.strerror or err}")
         elif not job.skipped and not job.cancelled:
             self.forget(job.fkey)
             self.index[job.fkey] = job.size
@@ -363,7 +369,8 @@ class DiskTier:
             log.error("disk tier: %s (further %s errors are counted, not logged)", message, condition)
 
     def _recovered(self) -> None:
-        write_conditions = [c for c in self._failing if c not in ("scan", "too_large")]
+        """A write succeeded: write conditions are over (logged, so a relapse is logged again)."""
+        write_conditions = [c for c in self._failing if c.startswith("write-")]
         if write_conditions:
             log.warning("disk tier: writes succeed again after %s", ", ".join(write_conditions))
             for c in write_conditions:
@@ -443,7 +450,7 @@ class DiskTier:
     def state(self) -> str:
         if self.loading:
             return "loading"
-        if any(c not in ("scan", "too_large") for c in self._failing):
+        if any(c.startswith("write-") for c in self._failing):
             return "degraded"
         return "ready"
 
@@ -465,8 +472,10 @@ class DiskTier:
         }
 
     def close(self) -> None:
-        """Finish queued writes (bounded wait), then stop every thread before the arena goes."""
-        self._backlog.clear()
+        """Write what is queued or backlogged (bounded wait), then stop every thread before the
+        arena goes: a clean stop (SIGTERM) persists every ``long`` chunk still in RAM."""
+        self.queue_max = self.pin_max = 1 << 62  # the loop is gone: write the whole backlog now
+        self._drain_backlog()
         if not self._writers.close(timeout=15.0):
             log.warning("disk tier: writes still running at shutdown; their chunks may be missing")
         self.reads.close(timeout=5.0)
