@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import FIXTURES
+from hostkit import FIXTURES
 from typer.testing import CliRunner
 
 from infera.cli import app

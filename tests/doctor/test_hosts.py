@@ -7,7 +7,7 @@ import re
 
 import pytest
 import yaml
-from conftest import FIXTURES, HOSTS, statuses
+from hostkit import FIXTURES, HOSTS, statuses
 
 AMD_SKIP = dict.fromkeys(
     ("amdgpu-loaded", "amdgpu-version", "ais-check", "dmesg-ais", "kfd-capability", "rocm", "gpu"), "skip"
