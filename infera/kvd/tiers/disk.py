@@ -18,6 +18,7 @@ come back through ``Server.call_soon``. Consequences callers may rely on:
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import os
 import shutil
@@ -192,7 +193,7 @@ class DiskTier:
         # newest first, each batch pushed to the LRU front, so the oldest file ends up first
         batches = [entries[max(0, i - MERGE_BATCH) : i] for i in range(len(entries), 0, -MERGE_BATCH)]
         for batch in batches:
-            self.server.call_soon(lambda b=batch: self._merge(b))  # type: ignore[misc]
+            self.server.call_soon(functools.partial(self._merge, batch))
         self.server.call_soon(lambda: self._loaded(result))
 
     def _merge(self, batch: list[tuple[int, bytes, int]]) -> None:
@@ -297,8 +298,8 @@ class DiskTier:
                 pass
             except OSError as exc:
                 self.server.call_soon(
-                    lambda e=exc: self.fail("unlink-" + diskio.classify_os_error(e), f"unlink: {e}")
-                )  # type: ignore[misc]
+                    functools.partial(self.fail, "unlink-" + diskio.classify_os_error(exc), f"unlink: {exc}")
+                )
             return
         job: WriteJob = arg
         chunk = job.chunk
