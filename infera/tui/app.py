@@ -1,7 +1,7 @@
 """The ``kvd top`` Textual application.
 
-The socket call never runs on the UI thread: a timer starts one thread worker per refresh, and the
-worker posts either :class:`StatsArrived` or :class:`PollFailed` back (``post_message`` is
+The socket call never runs on the UI thread: a timer starts one polling thread per refresh, and
+the thread posts either :class:`StatsArrived` or :class:`PollFailed` back (``post_message`` is
 thread-safe). Everything the screen shows goes through :meth:`TopApp.show_stats`, so tests and the
 render benchmark can feed a recorded STATS map through exactly the path live data takes.
 """
@@ -214,7 +214,10 @@ class TopApp(App[int]):
         if self.paused or self._polling or not self._live:
             return
         self._polling = True
-        self.run_worker(self._poll, thread=True, group="poll", exit_on_error=False)
+        # A daemon thread rather than a Textual thread worker: those run in asyncio's default
+        # executor, which is joined at exit, so quitting while the daemon hangs would wait out
+        # the socket timeout.
+        threading.Thread(target=self._poll, name="kvd-top-poll", daemon=True).start()
 
     def _poll(self) -> None:
         """Runs on a worker thread: one STATS round trip, reconnecting when needed."""

@@ -310,3 +310,23 @@ def test_long_tier_panel_matches_stats(start_daemon, short_tmp) -> None:  # type
         run(body)
     finally:
         driver.close()
+
+
+def test_quit_while_the_daemon_hangs_does_not_wait_for_the_stuck_call(daemon) -> None:  # type: ignore[no-untyped-def]
+    pressed: list[float] = []
+
+    async def body() -> None:
+        app = TopApp(daemon.socket, INTERVAL, timeout=8.0)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.connected)
+            os.kill(daemon.pid, signal.SIGSTOP)
+            await pilot.pause(3 * INTERVAL)
+            assert app._polling, "a STATS call should be stuck in flight"
+            pressed.append(time.monotonic())
+            await pilot.press("q")
+
+    try:
+        run(body)
+        assert time.monotonic() - pressed[0] < 4.0  # well under the 8 s socket timeout
+    finally:
+        os.kill(daemon.pid, signal.SIGCONT)
