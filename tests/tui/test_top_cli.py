@@ -83,3 +83,19 @@ def test_kvd_top_in_a_terminal_shows_the_daemon_and_quits_on_q(daemon) -> None: 
             proc.kill()
             proc.wait()
         os.close(leader)
+
+
+def test_bench_top_render_prints_ratios_against_budget_and_empty_frame() -> None:
+    import json
+
+    result = CliRunner().invoke(
+        app, ["bench", "top-render", "--clients", "3", "--history", "50", "--frames", "2", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.output.strip().splitlines()[-1])
+    assert figures["clients"] == 3 and figures["history_points"] == 50
+    assert figures["frame_ms_median"] > 0 and figures["empty_frame_ms_median"] > 0
+    assert figures["ratio_to_budget"] == round(figures["frame_ms_median"] / 50.0, 3)
+    assert figures["ratio_to_empty"] == round(
+        figures["frame_ms_median"] / figures["empty_frame_ms_median"], 2
+    )
