@@ -76,7 +76,7 @@ def top_render(
 def l4(
     chunk_size: str = typer.Option("4M", "--chunk-size", help="Size of each chunk."),
     count: int = typer.Option(32, "--count", help="Chunks put and got per round."),
-    rounds: int = typer.Option(3, "--rounds", help="Rounds (each side keeps its best)."),
+    rounds: int = typer.Option(5, "--rounds", help="Rounds (medians are reported)."),
     batch: int = typer.Option(8, "--batch", help="Keys per kvd GET request."),
     master: str = typer.Option(
         None, "--master", help="Use this running mooncake_master (HOST:PORT) instead of a throwaway one."
