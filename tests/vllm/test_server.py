@@ -1,0 +1,226 @@
+"""``python -m infera.engine.vllm`` as the product doc runs it: the OpenAI server, the prewarm route,
+InferaKvdConnector as a ``kv_both`` child of a ``kv_producer`` MultiConnector, and a daemon with a
+disk long tier that restarts under the running engine.
+
+vLLM's ExampleConnector stands in for the transport child (MooncakeConnector needs RDMA/GPUs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import CONNECTOR, engine_env, prompt
+
+from helpers import Daemon, free_port
+from infera.kvd.tiers import SUPPORTED
+
+pytestmark = pytest.mark.skipif("disk" not in SUPPORTED, reason="the disk long tier is not in this build")
+
+P5 = prompt(5, 1000)  # long: 3 chunks, on disk
+P6 = prompt(6, 600)  # short: 2 chunks, RAM only
+P7 = prompt(7, 600)  # long: 2 chunks, prewarmed after the restart
+CHUNK = 256
+
+
+def multi_config(storage: Path) -> dict[str, Any]:
+    return {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {
+            "connectors": [
+                CONNECTOR,
+                {
+                    "kv_connector": "ExampleConnector",
+                    "kv_role": "kv_producer",
+                    "kv_connector_extra_config": {"shared_storage_path": str(storage)},
+                },
+            ]
+        },
+    }
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+        self.proc = proc
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self.http = httpx.Client(base_url=self.url, timeout=60)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def complete(self, ids: list[int], retention: str | None = None) -> list[int]:
+        body: dict[str, Any] = {
+            "model": "tiny",
+            "prompt": ids,
+            "max_tokens": 8,
+            "temperature": 0,
+            "return_token_ids": True,
+        }
+        if retention:
+            body["kv_transfer_params"] = {"infera_retention": retention}
+        r = self.http.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        return list(r.json()["choices"][0]["token_ids"])
+
+    def prewarm(self, body: Any) -> httpx.Response:
+        return self.http.post("/v1/cache/prewarm", content=json.dumps(body))
+
+
+@pytest.fixture(scope="module")
+def kvd(module_tmp: Path) -> Iterator[Daemon]:
+    long = module_tmp / "long"
+    long.mkdir()
+    args = ["--max-bytes", "64M", "--long-path", str(long), "--long-bytes", "256M"]
+    d = Daemon(str(module_tmp / "kvd.sock"), args, module_tmp / "kvd.log").start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model: str, kvd: Daemon, module_tmp: Path) -> Iterator[Server]:
+    port = free_port()
+    storage = module_tmp / "example-connector"
+    storage.mkdir()
+    env = engine_env(None, VLLM_SERVER_DEV_MODE="1")
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the server runs its engine core in its own process
+    env.pop("INFERA_KVD_SOCKET", None)  # --kvd-socket-path must be enough
+    cmd = [
+        sys.executable, "-m", "infera.engine.vllm",
+        "--model", tiny_model, "--served-model-name", "tiny",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--skip-tokenizer-init", "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", "4",
+        "--enable-prefix-caching", "--kv-cache-memory-bytes", str(32 << 20),
+        "--kvd-socket-path", kvd.socket,
+        "--advertise-host", "127.0.0.1",
+        "--kv-transfer-config", json.dumps(multi_config(storage)),
+    ]  # fmt: skip
+    log_path = module_tmp / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    srv = Server(proc, port, log_path)
+    try:
+        deadline = time.monotonic() + 400
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"server exited with {proc.returncode}:\n{srv.log()[-6000:]}")
+            try:
+                if srv.http.get("/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"server not up after 400 s:\n{srv.log()[-6000:]}")
+            time.sleep(1)
+        yield srv
+    finally:
+        srv.http.close()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def stats(kvd: Daemon) -> dict[str, Any]:
+    with kvd.client(want_arena=False) as c:
+        return c.stats()
+
+
+def wait_for(pred: Any, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def story(server: Server, kvd: Daemon) -> dict[str, Any]:
+    """Store three prompts, restart the daemon, prewarm one, then ask for all three again."""
+    out: dict[str, Any] = {}
+    out["first"] = {"p5": server.complete(P5), "p6": server.complete(P6, "short"), "p7": server.complete(P7)}
+    wait_for(
+        lambda: (
+            stats(kvd)["tiers"]["long"]["queued_writes"] == 0 and stats(kvd)["tiers"]["long"]["chunks"] >= 5
+        ),
+        "disk writes",
+    )
+    out["before_restart"] = stats(kvd)
+    kvd.restart()
+    assert server.http.post("/reset_prefix_cache").status_code == 200
+    out["prewarm_p7"] = server.prewarm({"prompt": P7, "model": "tiny"}).json()
+    out["prewarm_p6"] = server.prewarm({"prompt": P6}).json()
+    wait_for(lambda: stats(kvd)["chunks"] >= 2, "prewarmed chunks in RAM")
+    out["after_prewarm"] = stats(kvd)
+    out["second"] = {"p5": server.complete(P5), "p7": server.complete(P7)}
+    out["after"] = stats(kvd)
+    return out  # fmt: skip
+
+
+def test_entry_point_adds_recompute_policy_and_ignores_pd_flags(server: Server) -> None:
+    log = server.log()
+    assert "kv_load_failure_policy='recompute'" in log
+    assert "--advertise-host accepted but not used yet" in log
+    assert "Route: /v1/cache/prewarm" in log
+
+
+def test_multiconnector_child_saves_long_and_short(story: dict[str, Any]) -> None:
+    before = story["before_restart"]
+    assert before["sets_total"] == 7
+    assert before["chunks_by_class"]["short"] == 2
+    assert before["chunks_by_class"]["long"] == 5
+
+
+def test_short_retention_never_reaches_disk(story: dict[str, Any]) -> None:
+    assert story["before_restart"]["tiers"]["long"]["chunks"] == 5
+    assert story["prewarm_p6"] == {"chunks": 2, "queued": 0, "namespace": story["prewarm_p7"]["namespace"]}
+
+
+def test_prewarm_route_pulls_chunks_from_disk(story: dict[str, Any]) -> None:
+    assert story["prewarm_p7"]["chunks"] == 2
+    assert story["prewarm_p7"]["queued"] == 2
+    assert story["after_prewarm"]["chunks"] == 2
+
+
+def test_hits_survive_a_daemon_restart(story: dict[str, Any]) -> None:
+    assert story["second"]["p5"] == story["first"]["p5"]
+    assert story["second"]["p7"] == story["first"]["p7"]
+    after = story["after"]
+    assert after["gets_total"] == 5, "3 chunks of P5 and 2 of P7 were loaded through the daemon"
+    assert after["hits_total"] == 5
+    assert after["misses_total"] == 0
+    assert after["tiers"]["long"]["hits"] >= 3, "P5 came back from disk"
+
+
+def test_external_hits_reach_the_engine_metrics(server: Server, story: dict[str, Any]) -> None:
+    metrics = server.http.get("/metrics").text
+    hits = [ln for ln in metrics.splitlines() if ln.startswith("vllm:external_prefix_cache_hits_total")]
+    assert hits and float(hits[0].rsplit(" ", 1)[1]) >= 5 * CHUNK
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"prompt": "some text"}, 400, "no_tokenizer"),
+        ({"prompt": [1, 2, 3], "model": "other"}, 404, "model_not_found"),
+        ({"tokens": [1, 2]}, 400, "bad_request"),
+        ({"prompt": [1, "x"]}, 400, "bad_request"),
+    ],
+)
+def test_prewarm_errors_are_json(server: Server, body: Any, status: int, code: str) -> None:
+    r = server.prewarm(body)
+    assert r.status_code == status
+    assert r.json()["error"]["code"] == code
