@@ -156,9 +156,10 @@ def vllm_available() -> bool:
     import importlib.util
 
     try:
-        return importlib.util.find_spec("vllm") is not None
+        spec = importlib.util.find_spec("vllm")
     except (ImportError, ValueError):
         return False
+    return spec is not None and spec.origin is not None  # a bare directory named vllm is not vLLM
 
 
 def vllm_errors(cfg: dict[str, Any]) -> list[str]:

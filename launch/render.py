@@ -38,11 +38,23 @@ def q_yaml(value: Any) -> str:
                 return text
         except yaml.YAMLError:
             pass
-    if "\n" in text or any(ord(c) < 32 for c in text):
-        import json
-
-        return json.dumps(text)
+    if any(not _yaml_printable(c) for c in text):
+        return '"' + "".join(_yaml_escape(c) for c in text) + '"'
     return "'" + text.replace("'", "''") + "'"
+
+
+def _yaml_printable(c: str) -> bool:
+    o = ord(c)
+    return (0x20 <= o <= 0x7E or 0xA0 <= o <= 0xD7FF or 0xE000 <= o <= 0xFFFD or o >= 0x10000) and o != 0xFEFF
+
+
+def _yaml_escape(c: str) -> str:
+    if c in '"\\':
+        return "\\" + c
+    if _yaml_printable(c):
+        return c
+    o = ord(c)
+    return f"\\x{o:02x}" if o <= 0xFF else f"\\u{o:04x}"
 
 
 def q_compose(value: Any) -> str:

@@ -94,6 +94,8 @@ class _Reader:
     def loc(self, container: Any, key: Any = None, value: bool = True) -> Loc:
         pos: tuple[int, int] | None = None
         if key is not None:
+            if value and isinstance(container, dict) and isinstance(container.get(key), dict | list):
+                value = False  # a block value starts on the next line: point at its key
             table = getattr(container, "val_pos" if value else "key_pos", None)
             if table is not None:
                 pos = table.get(key)

@@ -1,0 +1,147 @@
+"""Spec files: saved by --save-spec, rendered by --spec, identical output; bad specs are one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from launchkit import kvd
+
+from infera.launch.render import FORMATS
+
+PD = ["pd", "--model", "m", "--etcd", "etcd:2379", "--advertise-host", "10.0.0.5", "--long-path", "/nvme/kvd-long",
+      "--long-bytes", "256G", "--ais", "--prewarm", "--image", "img:1", "--vllm-version", "0.32"]  # fmt: skip
+SINGLE = ["single", "--model", "m", "--engine-arg=--max-model-len=8192", "--image", "img:1"]
+
+
+@pytest.mark.parametrize("ext", ["yaml", "json"])
+@pytest.mark.parametrize("args", [SINGLE, PD], ids=["single", "pd"])
+def test_saved_spec_renders_the_same_in_every_format(tmp_path: Path, args: list[str], ext: str) -> None:
+    spec = tmp_path / f"deploy.{ext}"
+    res = kvd("launch", *args, "--save-spec", str(spec))
+    assert res.code == 0 and res.stdout == "" and spec.exists()
+    for fmt in FORMATS:
+        direct = kvd("launch", *args, "--format", fmt)
+        again = kvd("launch", "--spec", str(spec), "--format", fmt)
+        assert again.code == 0, again.stderr
+        assert again.stdout == direct.stdout, fmt
+
+
+def test_spec_round_trips_through_save(tmp_path: Path) -> None:
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    kvd("launch", *PD, "--save-spec", str(first))
+    kvd("launch", "--spec", str(first), "--save-spec", str(second))
+    assert first.read_text() == second.read_text()
+    data = yaml.safe_load(first.read_text())
+    assert data["vllm_version"] == "0.32" and [leg["role"] for leg in data["legs"]] == ["prefill", "decode"]
+
+
+def test_json_format_is_the_spec_shape() -> None:
+    data = json.loads(kvd("launch", *PD, "--json").stdout)
+    assert set(data) >= {"daemon", "legs"}
+    for leg in data["legs"]:
+        assert set(leg) == {"name", "role", "env", "argv", "kv_transfer_config"}
+    assert data["daemon"]["socket"] == "/var/run/infera-kvd.sock" and data["daemon"]["argv"][:3] == [
+        "python",
+        "-m",
+        "infera.kvd",
+    ]
+
+
+def test_hand_written_spec_with_fields_instead_of_flags(tmp_path: Path) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "kind: single\n"
+        "daemon: {socket: /run/kvd.sock, max_bytes: 8G}\n"
+        "legs:\n"
+        "  - name: engine\n"
+        "    env: {PYTHONHASHSEED: 0, INFERA_KVD_SOCKET: /run/kvd.sock}\n"
+        "    args: [--model, m, --enable-prefix-caching]\n"
+        "    kv_transfer_config: {kv_connector: InferaKvdConnector, kv_role: kv_both,"
+        " kv_connector_module_path: infera.engine.vllm.kvd_connector}\n"
+    )
+    out = json.loads(kvd("launch", "--spec", str(spec), "--json").stdout)
+    assert out["daemon"]["argv"] == [
+        "python",
+        "-m",
+        "infera.kvd",
+        "--socket",
+        "/run/kvd.sock",
+        "--max-bytes",
+        "8G",
+    ]
+    argv = out["legs"][0]["argv"]
+    assert argv[:6] == ["python", "-m", "infera.engine.vllm", "--model", "m", "--enable-prefix-caching"]
+    assert json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_role"] == "kv_both"
+    assert out["legs"][0]["env"]["PYTHONHASHSEED"] == "0"
+
+
+def test_spec_that_breaks_a_rule_is_refused_with_the_findings(tmp_path: Path) -> None:
+    data = json.loads(kvd("launch", *PD, "--json").stdout)
+    data["legs"][1]["env"].pop("PYTHONHASHSEED")
+    spec = tmp_path / "s.json"
+    spec.write_text(json.dumps(data))
+    res = kvd("launch", "--spec", str(spec))
+    assert res.code == 1 and res.stdout == ""
+    assert "KVD301 [error]" in res.stderr and "error: the deployment breaks 1 rule(s)" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("legs: [", "not valid YAML or JSON"),
+        ("a: 1\n", "a spec is a mapping with a 'legs' list"),
+        ("version: 7\nlegs: []\n", "spec version 7 is not supported"),
+        ("legs:\n  - role: leader\n", "legs[0].role 'leader' is not one of single, prefill, decode"),
+        (
+            "daemon: {socket: /a, argv: [python, -m, infera.kvd, --socket, /b]}\nlegs: []\n",
+            "daemon.socket is '/a'",
+        ),
+        (
+            'legs:\n  - argv: [python, -m, infera.engine.vllm, --kv-transfer-config, \'{"kv_role":"kv_both"}\']\n'
+            "    kv_transfer_config: {kv_role: kv_producer}\n",
+            "legs[0].kv_transfer_config differs",
+        ),
+    ],
+)
+def test_bad_spec_is_a_one_line_usage_error(tmp_path: Path, text: str, needle: str) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(text)
+    res = kvd("launch", "--spec", str(spec))
+    assert res.code == 2
+    assert res.stderr.startswith("error: ") and needle in res.stderr.splitlines()[0]
+    assert "Traceback" not in res.stderr
+
+
+def test_missing_spec_file() -> None:
+    res = kvd("launch", "--spec", "/nonexistent/spec.yaml")
+    assert res.code == 2 and "--spec: cannot read /nonexistent/spec.yaml" in res.stderr
+
+
+def test_spec_with_a_subcommand_is_refused(tmp_path: Path) -> None:
+    res = kvd("launch", "--spec", "x.yaml", "single", "--model", "m")
+    assert res.code == 2 and "without single/pd" in res.stderr
+
+
+def test_lint_reads_specs_with_positions(tmp_path: Path) -> None:
+    data = json.loads(kvd("launch", *PD, "--json").stdout)
+    prefill = data["legs"][0]
+    prefill["kv_transfer_config"]["kv_role"] = "kv_both"
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    lines = spec.read_text().splitlines()
+    res = kvd("lint", "--json", str(spec))
+    (f,) = json.loads(res.stdout)["findings"]  # mirror and argv disagree: the spec itself is refused
+    assert (f["code"], res.code) == ("KVD000", 1) and "differs" in f["message"]
+    assert lines[f["line"] - 1].strip().startswith("kv_transfer_config:")
+
+    idx = prefill["argv"].index("--kv-transfer-config") + 1
+    prefill["argv"][idx] = json.dumps(prefill["kv_transfer_config"], separators=(",", ":"))
+    spec.write_text(yaml.safe_dump(data, sort_keys=False, width=10_000))
+    lines = spec.read_text().splitlines()
+    res = kvd("lint", "--json", str(spec))
+    (f,) = json.loads(res.stdout)["findings"]
+    assert (f["code"], res.code) == ("KVD201", 1)
+    assert '"kv_role":"kv_both"' in lines[f["line"] - 1]  # the argv item that holds the config
