@@ -443,7 +443,7 @@ def run_lint(
     if vllm:
         _need_vllm()
     sources = []
-    for path in files:
+    for path in _expand(files):
         if path == "-":
             sources.append(Source(stdin_filename, sys.stdin.read(), ftype or ""))
             continue
@@ -461,6 +461,28 @@ def run_lint(
     )
     typer.echo(render(result, fmt), nl=False)
     return 1 if result.errors else 0
+
+
+LINTABLE = (".sh", ".bash", ".service", ".env", ".yaml", ".yml", ".json")
+
+
+def _expand(paths: list[str]) -> list[str]:
+    """Files as given; a directory becomes the lintable files under it (hidden entries skipped)."""
+    import os
+
+    out: list[str] = []
+    for path in paths:
+        if path != "-" and os.path.isdir(path):
+            for root, dirs, names in os.walk(path):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                out += [
+                    os.path.join(root, n)
+                    for n in sorted(names)
+                    if n.endswith(LINTABLE) and not n.startswith(".")
+                ]
+        else:
+            out.append(path)
+    return out
 
 
 def register(app: typer.Typer) -> None:

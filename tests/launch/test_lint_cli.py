@@ -176,3 +176,17 @@ def test_kvd_help_does_not_import_the_launch_machinery() -> None:
     code = "import sys, infera.cli; print(sorted(m for m in sys.modules if m.startswith('infera.launch')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['infera.launch', 'infera.launch.cli']"
+
+
+def test_a_directory_means_the_lintable_files_under_it() -> None:
+    res = kvd("lint", "--json", str(CORPUS))
+    data = json.loads(res.stdout)
+    files = [
+        p
+        for p in CORPUS.rglob("*")
+        if p.is_file() and p.suffix in (".sh", ".service", ".env", ".yaml", ".json")
+    ]
+    assert data["summary"]["files"] == len(
+        files
+    )  # expected.yaml too: YAML that is no deployment has no findings
+    assert res.code == 1
