@@ -91,6 +91,7 @@ def run_engine(
     env: dict[str, str] | None = None,
     timeout: float = 600,
     on_wait: Callable[[], None] | None = None,
+    engine_kw: dict[str, Any] | None = None,
 ) -> EngineRun:
     """Run one engine process to the end. A ``wait_for_daemon`` step makes the runner drop a
     marker file and wait; ``on_wait`` (e.g. starting the daemon) is then called from here."""
@@ -98,6 +99,7 @@ def run_engine(
         "model": model,
         "kv_transfer_config": kv_transfer_config or {**CONNECTOR, "kv_load_failure_policy": "recompute"},
         "steps": steps,
+        "engine_kw": engine_kw or {},
     }
     fd, spec_path = tempfile.mkstemp(suffix=".json", dir=workdir)
     with os.fdopen(fd, "w") as fh:

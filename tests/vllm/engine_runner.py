@@ -4,6 +4,7 @@ Used by the tests in this directory so that each engine is a fresh Python proces
 two engines on one host are. Usage: ``python engine_runner.py SPEC.json``, where the spec is::
 
     {"model": DIR, "kv_transfer_config": {...} | null, "kv_cache_bytes": N, "max_model_len": N,
+     "engine_kw": {more LLM(...) arguments},
      "steps": [{"op": "generate", "name": "p1", "prompt": [ids], "max_tokens": 8,
                 "retention": "long" | null},
                {"op": "reset_prefix_cache"},
@@ -51,7 +52,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    kw: dict[str, Any] = {}
+    kw: dict[str, Any] = dict(spec.get("engine_kw") or {})
     if spec.get("kv_transfer_config") is not None:
         kw["kv_transfer_config"] = spec["kv_transfer_config"]
     started = time.monotonic()

@@ -1,7 +1,8 @@
 """Two real vLLM engines (fresh processes) sharing one kvd daemon through InferaKvdConnector.
 
 Engine A starts before its daemon (it must serve by recompute and reconnect), then computes a
-~1,000-token prompt and two prompts with ``none`` and ``short`` retention. Engine B, a fresh
+~1,000-token prompt and two prompts with ``none`` and ``short`` retention, in 384-token steps so
+that chunks complete across steps. Engine B, a fresh
 process, must get external prefix-cache hits with the same greedy tokens, and different tokens
 once the stored chunks are overwritten with noise.
 """
@@ -43,7 +44,15 @@ def engine_a(tiny_model: str, kvd: Daemon, module_tmp: Path) -> EngineRun:
         {"op": "keys", "name": "p2-keys", "prompt": P2},
         {"op": "keys", "name": "p3-keys", "prompt": P3},
     ]
-    return run_engine(tiny_model, steps, socket=kvd.socket, workdir=module_tmp, on_wait=kvd.start)
+    # 384-token steps: a prompt's chunks complete over several steps (chunked prefill).
+    return run_engine(
+        tiny_model,
+        steps,
+        socket=kvd.socket,
+        workdir=module_tmp,
+        on_wait=kvd.start,
+        engine_kw={"max_num_batched_tokens": 384},
+    )
 
 
 @pytest.fixture(scope="module")

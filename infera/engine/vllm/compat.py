@@ -175,8 +175,8 @@ def classify_spec(name: str, spec: Any, vllm_config: Any) -> formats.LayerFormat
             import torch
 
             elem = torch.empty((), dtype=spec.dtype).element_size()
-            hv = getattr(spec, "head_size_v", None) or (0 if is_mla else spec.head_size)
-            token_bytes = (int(spec.head_size) + int(hv)) * elem
+            hv = 0 if is_mla else int(getattr(spec, "head_size_v", None) or spec.head_size)
+            token_bytes = (int(spec.head_size) + hv) * elem
     role = str(getattr(spec, "cache_role", "") or "")
     return formats.classify(
         name,
