@@ -116,6 +116,9 @@ def launch_main(
         "--vllm",
         help="Also validate kv-transfer-configs with vLLM's own KVTransferConfig (slow import).",
     ),
+    image: str = typer.Option(
+        None, "--image", help="Container image for k8s and compose (overrides the spec's)."
+    ),
 ) -> None:
     """Validated deployments: `kvd launch single ...`, `kvd launch pd ...`, or `kvd launch --spec FILE`."""
     from infera.clikit import run_guarded
@@ -134,7 +137,9 @@ def launch_main(
     def go() -> int:
         from infera.launch.spec import load_spec
 
-        return _emit(load_spec(spec), fmt, json_out, emit, out, run, part, save_spec, vllm)
+        dep = load_spec(spec)
+        dep.image = image or dep.image
+        return _emit(dep, fmt, json_out, emit, out, run, part, save_spec, vllm)
 
     if not spec:
         typer.echo(ctx.get_help())

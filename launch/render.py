@@ -75,6 +75,11 @@ def q_envfile(value: Any) -> str:
     return text if _SAFE.match(text) or text == "" else shlex.quote(text)
 
 
+def dns_name(value: Any) -> str:
+    """A Kubernetes object or container name (RFC 1123 label) made from ``value``."""
+    return re.sub(r"[^a-z0-9-]+", "-", str(value).lower()).strip("-")[:63] or "x"
+
+
 def _sd_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "%%")
 
@@ -214,7 +219,7 @@ def _env() -> Any:
         autoescape=False,
     )
     env.filters.update(sh=q_sh, yq=q_yaml, cq=q_compose, sd=q_systemd, sde=q_systemd_env, envq=q_envfile)
-    env.filters.update(shcmd=sh_command, sdcmd=sd_command)
+    env.filters.update(shcmd=sh_command, sdcmd=sd_command, dns=dns_name)
     return env
 
 

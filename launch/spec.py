@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 import yaml
@@ -239,6 +240,15 @@ def from_data(data: Any, path: str) -> Deployment:
     if not isinstance(legs, list):
         raise SpecError("legs must be a list", r.loc(data, "legs"))
     dep.legs = [r.leg(raw, legs, i, python) for i, raw in enumerate(legs)]
+    seen: set[str] = {d.name for d in dep.daemons}
+    for i, leg in enumerate(dep.legs):
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", leg.name) or leg.name in ("all",):
+            raise SpecError(
+                f"legs[{i}].name {leg.name!r} is not a simple name (letters, digits, . _ -)", leg.loc
+            )
+        if leg.name in seen:
+            raise SpecError(f"legs[{i}].name {leg.name!r} is used twice", leg.loc)
+        seen.add(leg.name)
     return dep
 
 

@@ -95,6 +95,8 @@ def test_spec_that_breaks_a_rule_is_refused_with_the_findings(tmp_path: Path) ->
         ("a: 1\n", "a spec is a mapping with a 'legs' list"),
         ("version: 7\nlegs: []\n", "spec version 7 is not supported"),
         ("legs:\n  - role: leader\n", "legs[0].role 'leader' is not one of single, prefill, decode"),
+        ("legs:\n  - name: a\n  - name: a\n", "legs[1].name 'a' is used twice"),
+        ("legs:\n  - name: 'a b'\n", "legs[0].name 'a b' is not a simple name"),
         (
             "daemon: {socket: /a, argv: [python, -m, infera.kvd, --socket, /b]}\nlegs: []\n",
             "daemon.socket is '/a'",
@@ -145,3 +147,11 @@ def test_lint_reads_specs_with_positions(tmp_path: Path) -> None:
     (f,) = json.loads(res.stdout)["findings"]
     assert (f["code"], res.code) == ("KVD201", 1)
     assert '"kv_role":"kv_both"' in lines[f["line"] - 1]  # the argv item that holds the config
+
+
+def test_image_can_be_given_with_spec(tmp_path: Path) -> None:
+    spec = tmp_path / "s.yaml"
+    kvd("launch", "single", "--model", "m", "--save-spec", str(spec))
+    assert "--image is required" in kvd("launch", "--spec", str(spec), "--format", "k8s").stderr
+    res = kvd("launch", "--spec", str(spec), "--format", "k8s", "--image", "img:2")
+    assert res.code == 0 and "image: 'img:2'" in res.stdout
