@@ -48,12 +48,12 @@ BACKLOG_MAX = 65536
 class WriteJob:
     __slots__ = ("cancelled", "chunk", "digest", "fkey", "ns_text", "path", "size", "skipped", "unlinks")
 
-    def __init__(self, chunk: Chunk, fkey: bytes, digest: bytes, ns_text: str, path: str) -> None:
+    def __init__(self, chunk: Chunk, fkey: bytes, digest: bytes, ns_text: str) -> None:
         self.chunk = chunk
         self.fkey = fkey
         self.digest = digest
         self.ns_text = ns_text
-        self.path = path
+        self.path = ""  # computed by the writer thread, off the loop
         self.size = cf.HEADER_SIZE + chunk.length
         self.cancelled = False
         self.skipped = False
@@ -123,7 +123,8 @@ class DiskTier:
         self._writers = diskio.Workers("disk-write", writers, self._write_job, lanes=True)
         self.reads = Reads(self, int(os.environ.get("INFERA_KVD_DISK_READERS", "0")) or READERS)
         self._load_started = time.monotonic()
-        threading.Thread(target=self._load, name="kvd-disk-load", daemon=True).start()
+        # the scan starts once the loop runs, so it never delays the daemon's first answer
+        server.call_soon(threading.Thread(target=self._load, name="kvd-disk-load", daemon=True).start)
         self._check_space()
 
     # -- setup ------------------------------------------------------------------------------
@@ -277,7 +278,7 @@ class DiskTier:
         digest, prefix, text = self.ns_of(chunk.ikey)
         fkey = prefix + chunk.key
         self._make_room(size)
-        job = WriteJob(chunk, fkey, digest, text, diskio.file_path(self.root, fkey))
+        job = WriteJob(chunk, fkey, digest, text)
         chunk.pins += 1
         self.pinned += chunk.length
         self.reserved += size
@@ -302,6 +303,7 @@ class DiskTier:
                 )
             return
         job: WriteJob = arg
+        job.path = diskio.file_path(self.root, job.fkey)
         chunk = job.chunk
         err: OSError | None = None
         if self._test_write_delay:
