@@ -152,6 +152,8 @@ class RemoteTier(Link):
         self.store.on_seal = self._on_seal
         self.store.on_drop = self._on_drop
         self._writers = Workers("l4-write", cfg.long_writers, self._write_job, lanes=True)
+        self._lane_load = [0] * len(self._writers.queues)
+        self._lane_of: dict[bytes, list[int]] = {}  # ikey -> [lane, jobs queued there]
         self._readers = Workers("l4-read", READERS, self._read_job, lanes=False)
         self._start_link()
 
@@ -228,27 +230,45 @@ class RemoteTier(Link):
         chunk.pins += 1
         self.pinned += chunk.length
         self.queued += 1
-        self._writers.submit(("put", job), lane=hash(chunk.ikey))
+        self._submit_write(chunk.ikey, ("put", job))
         return True
+
+    def _submit_write(self, ikey: bytes, item: tuple[str, Any]) -> None:
+        """Queue a put or remove on the least loaded writer lane, or on the lane that already
+        holds a job for ``ikey`` (jobs of one key run in order)."""
+        entry = self._lane_of.get(ikey)
+        if entry is None:
+            lane = min(range(len(self._lane_load)), key=self._lane_load.__getitem__)
+            entry = self._lane_of[ikey] = [lane, 0]
+        entry[1] += 1
+        self._lane_load[entry[0]] += 1
+        self._writers.submit((ikey, *item), lane=entry[0])
+
+    def _lane_done(self, ikey: bytes) -> None:
+        entry = self._lane_of[ikey]
+        self._lane_load[entry[0]] -= 1
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._lane_of[ikey]
 
     def _slot(self) -> tuple[int, Region]:
         i = self._free_slots.get()
         return i, Region(self._slot_view[i * HEADER : (i + 1) * HEADER], self._slot_ptr + i * HEADER)
 
-    def _write_job(self, item: tuple[str, Any]) -> None:
-        kind, arg = item
+    def _write_job(self, item: tuple[bytes, str, Any]) -> None:
+        ikey, kind, arg = item
         if kind == "remove":
+            err: TransportError | None = None
+            ok = False
             try:
                 ok = self.t.remove(arg)
             except TransportError as exc:
-                self.server.call_soon(lambda e=exc: self._trouble(e.kind, f"remove {arg}: {e}"))  # type: ignore[misc]
-                return
-            if ok:
-                self.server.call_soon(lambda: self.c.__setitem__("removed", self.c["removed"] + 1))
+                err = exc
+            self.server.call_soon(lambda: self._remove_done(ikey, arg, ok, err))
             return
         job: WriteJob = arg
         chunk = job.chunk
-        err: TransportError | None = None
+        err = None
         elapsed = 0.0
         if job.cancelled or chunk.zombie:
             self.server.call_soon(lambda: self._write_done(job, None, 0.0, skipped=True))
@@ -271,10 +291,18 @@ class RemoteTier(Link):
             self._free_slots.put(i)
         self.server.call_soon(lambda: self._write_done(job, err, elapsed))
 
+    def _remove_done(self, ikey: bytes, name: str, ok: bool, err: TransportError | None) -> None:
+        self._lane_done(ikey)
+        if err is not None:
+            self._trouble(err.kind, f"remove {name}: {err}")
+        elif ok:
+            self.c["removed"] += 1
+
     def _write_done(
         self, job: WriteJob, err: TransportError | None, elapsed: float, skipped: bool = False
     ) -> None:
         chunk = job.chunk
+        self._lane_done(chunk.ikey)
         self.store.unpin(chunk)
         self.pinned -= chunk.length
         self.queued -= 1
@@ -485,7 +513,7 @@ class RemoteTier(Link):
                 job.name,
                 why,
             )
-        self._writers.submit(("remove", job.name), lane=hash(job.ikey))
+        self._submit_write(job.ikey, ("remove", job.name))
 
     def _finish(self, job: ReadJob, chunk: Chunk | None) -> None:
         if self._reads.get(job.ikey) is job:
@@ -529,7 +557,7 @@ class RemoteTier(Link):
             self._backlog.pop(ikey, None)
             self._known.pop(ikey, None)
             if self._usable():
-                self._writers.submit(("remove", self._name(ikey)[0]), lane=hash(ikey))
+                self._submit_write(ikey, ("remove", self._name(ikey)[0]))
         return 0
 
     # -- housekeeping -----------------------------------------------------------------------
