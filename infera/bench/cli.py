@@ -101,5 +101,31 @@ def l4(
     raise typer.Exit(code or 0)
 
 
+@bench_app.command("ttft")
+def ttft(
+    python: str = typer.Option(None, "--python", help="A Python with vLLM (default: this one)."),
+    sizes: str = typer.Option("1024,4096,16384", "--sizes", help="Prompt lengths in tokens."),
+    hidden: int = typer.Option(1024, "--hidden", help="Hidden size of the random-weight Llama."),
+    layers: int = typer.Option(8, "--layers", help="Layers of the random-weight Llama."),
+    model: str = typer.Option(None, "--model", help="Model directory (built there if missing)."),
+    repeat: int = typer.Option(1, "--repeat", help="Measurements per prompt length."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Time to first token of a kvd hit vs recompute on a real vLLM engine (ratios in one run)."""
+    from infera.bench.ttft import run_ttft_bench
+    from infera.clikit import run_guarded
+
+    run_guarded(
+        run_ttft_bench,
+        python=python,
+        sizes=sizes,
+        hidden=hidden,
+        layers=layers,
+        model=model,
+        repeat=repeat,
+        json_out=json_out,
+    )
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(bench_app, name="bench")

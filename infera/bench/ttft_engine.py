@@ -1,0 +1,131 @@
+"""The engine side of ``kvd bench ttft``: runs inside a Python that has vLLM.
+
+``python -m infera.bench.ttft_engine SPEC.json`` builds (or reuses) a random-weight Llama, starts
+one in-process vLLM engine with InferaKvdConnector on ``$INFERA_KVD_SOCKET`` and, for each prompt
+length, times three requests for the same prompt, clearing the engine's own prefix cache before
+each: *recompute* (``infera_retention=none``: nothing loaded, nothing stored), *store* (computed
+and saved) and *hit* (loaded from the daemon). Time to first token is the wall time of a request
+for one output token. Prints ``RESULT {json}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def build_model(path: Path, hidden: int, layers: int, vocab: int) -> dict[str, Any]:
+    """A Llama with random bf16 weights (``initializer_range`` 0.02: real-looking activations)."""
+    info_path = path / "infera-bench.json"
+    if info_path.exists():
+        return dict(json.loads(info_path.read_text()))
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    heads = max(1, hidden // 64)
+    cfg = LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=int(hidden * 2.75) // 64 * 64,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 4),
+        head_dim=64,
+        vocab_size=vocab,
+        max_position_embeddings=32768,
+        rope_theta=500000.0,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    params = sum(p.numel() for p in model.parameters())
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    info = {
+        "params": params,
+        "weight_bytes": params * 2,
+        "hidden": hidden,
+        "layers": layers,
+        "kv_heads": cfg.num_key_value_heads,
+        "head_dim": 64,
+        "vocab": vocab,
+    }
+    info_path.write_text(json.dumps(info))
+    return info
+
+
+def _external_hits(llm: Any) -> float:
+    for m in llm.get_metrics():
+        if m.name == "vllm:external_prefix_cache_hits":
+            return float(getattr(m, "value", 0) or 0)
+    return 0.0
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    info = build_model(Path(spec["model"]), spec["hidden"], spec["layers"], spec["vocab"])
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    sizes = [int(n) for n in spec["sizes"]]
+    started = time.monotonic()
+    llm = LLM(
+        model=spec["model"],
+        skip_tokenizer_init=True,
+        enable_prefix_caching=True,
+        max_model_len=max(sizes) + 64,
+        max_num_seqs=1,
+        seed=0,
+        enforce_eager=True,
+        kv_cache_memory_bytes=int(spec["kv_cache_bytes"]),
+        disable_log_stats=False,
+        kv_transfer_config={
+            "kv_connector": "InferaKvdConnector",
+            "kv_role": "kv_both",
+            "kv_connector_module_path": "infera.engine.vllm.kvd_connector",
+            "kv_load_failure_policy": "recompute",
+        },
+    )
+    start_s = time.monotonic() - started
+    vocab = int(info["vocab"])
+
+    def request(ids: list[int], retention: str | None) -> tuple[float, list[int], float]:
+        extra = {"kv_transfer_params": {"infera_retention": retention}} if retention else None
+        sp = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, extra_args=extra)
+        llm.reset_prefix_cache()
+        before = _external_hits(llm)
+        t = time.perf_counter()
+        out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)
+        took = time.perf_counter() - t
+        return took, list(out[0].outputs[0].token_ids), _external_hits(llm) - before
+
+    rng = random.Random(0)
+    request([rng.randrange(3, vocab) for _ in range(64)], "none")  # warm-up
+    rows = []
+    for n in sizes:
+        for _rep in range(int(spec.get("repeat", 1))):
+            ids = [rng.randrange(3, vocab) for _ in range(n)]
+            recompute_s, t_recompute, _ = request(ids, "none")
+            store_s, _t_store, _ = request(ids, "long")
+            hit_s, t_hit, hits = request(ids, None)
+            rows.append(
+                {
+                    "tokens": n,
+                    "recompute_s": recompute_s,
+                    "store_s": store_s,
+                    "hit_s": hit_s,
+                    "hit_tokens": hits,
+                    "same_token": t_recompute == t_hit,
+                }
+            )
+    print("RESULT " + json.dumps({"model": info, "engine_start_s": start_s, "rows": rows}), flush=True)
+    os._exit(0)  # skip vLLM's slow interpreter teardown; everything is printed
+
+
+if __name__ == "__main__":
+    main()
