@@ -353,9 +353,9 @@ def lint(
 ) -> None:
     """Check shell scripts, spec files, Kubernetes manifests, compose files and systemd units.
 
-    Prints `file:line:col RULE [severity] message` and a fix per finding. Exit status: 0 when there is
-    no error (warnings allowed), 1 when a rule reports an error, 2 for usage errors. Silence a finding
-    with `# kvd: ignore[RULE]` on its line (or alone on the line above).
+    One line per finding (file:line:col, rule code, severity in brackets, message), then its fix.
+    Exit status 0: no error (warnings allowed); 1: a rule reports an error; 2: usage error.
+    Silence a finding with `# kvd: ignore[RULE]` on its line, or alone on the line above.
     """
     from infera.clikit import run_guarded
 

@@ -117,8 +117,34 @@ def _parse_error(path: str, line: int, col: int, message: str) -> Finding:
     return make_finding(REGISTRY["KVD000"], Hit(message, Loc(path, max(line, 1), max(col, 1))))
 
 
+_PART_RE = re.compile(r"^# ==> (\S+) <==$", re.M)
+
+
 def read_source(src: Source) -> tuple[Deployment, list[Finding]]:
-    """The deployment a file describes, or a KVD000 finding when it cannot be parsed."""
+    """The deployment a file describes, or a KVD000 finding when it cannot be parsed.
+
+    Text that ``kvd launch --emit`` joined from several files (``# ==> NAME <==`` before each) is read
+    part by part, each with the type its name says, as one deployment; line numbers stay the file's.
+    """
+    marks = list(_PART_RE.finditer(src.text))
+    if marks and not src.ftype and marks[0].start() == 0:
+        dep, errors = Deployment(), []
+        for i, m in enumerate(marks):
+            end = marks[i + 1].start() if i + 1 < len(marks) else len(src.text)
+            pad = "\n" * src.text.count("\n", 0, m.end())
+            part = Source(
+                src.path, pad + src.text[m.end() : end], detect(m.group(1), src.text[m.end() : end])
+            )
+            d, e = _read_one(part)
+            for proc in d.processes():
+                if proc.name == os.path.basename(src.path):
+                    proc.name = m.group(1)
+            dep, errors = dep.merge(d), errors + e
+        return dep, errors
+    return _read_one(src)
+
+
+def _read_one(src: Source) -> tuple[Deployment, list[Finding]]:
     from infera.launch.lint.shtok import ShellSyntaxError
 
     ftype = src.ftype or detect(src.path, src.text)

@@ -94,3 +94,23 @@ def test_hash_seed_none_is_only_a_warning(tmp_path: Path) -> None:
     assert res.code == 0 and {(f["code"], f["severity"]) for f in findings} == {("KVD301", "warning")}
     res = kvd("lint", "--format", "json", "--vllm-version", "0.29", str(files[0]))
     assert json.loads(res.stdout)["findings"] == []
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("variant", ["single-disk-ais-prewarm", "pd-ais-prewarm"])
+def test_emitted_text_piped_to_lint_is_clean(variant: str, fmt: str) -> None:
+    """`kvd launch ... --emit | kvd lint -`: several files joined by --emit are read part by part."""
+    text = kvd("launch", *VARIANTS[variant], "--image", "img:1", "--format", fmt).stdout
+    res = kvd("lint", "--format", "json", "-", stdin=text)
+    assert res.code == 0 and json.loads(res.stdout)["findings"] == []
+    seed = {
+        "shell": "PYTHONHASHSEED=0",
+        "systemd": "PYTHONHASHSEED=0",
+        "json": '"PYTHONHASHSEED": "0"',
+        "k8s": "value: '0'",
+        "compose": "PYTHONHASHSEED: '0'",
+    }
+    if variant.startswith("pd") and fmt in seed:  # change the first leg's seed: the legs now disagree
+        broken = text.replace(seed[fmt], seed[fmt].replace("0", "1"), 1)
+        findings = json.loads(kvd("lint", "--format", "json", "-", stdin=broken).stdout)["findings"]
+        assert {f["code"] for f in findings} == {"KVD301"}, findings
