@@ -128,7 +128,7 @@ def read_source(src: Source) -> tuple[Deployment, list[Finding]]:
     """
     marks = list(_PART_RE.finditer(src.text))
     if marks and not src.ftype and marks[0].start() == 0:
-        dep, errors = Deployment(), []
+        dep, errors = Deployment(), list[Finding]()
         for i, m in enumerate(marks):
             end = marks[i + 1].start() if i + 1 < len(marks) else len(src.text)
             pad = "\n" * src.text.count("\n", 0, m.end())
