@@ -7,8 +7,9 @@ and move the same number of chunks with the same concurrency:
 
 * Mooncake alone: ``put_from`` / ``get_into`` of registered memory from ``THREADS`` threads (the
   baseline), and for reference the scatter/gather calls kvd uses (4 KiB header + payload).
-* kvd put: a client puts the chunks into daemon A (copy into the arena, seal); timed until A's
-  writer lanes (``THREADS`` of them) report every chunk stored in Mooncake.
+* kvd put: a client reserves and fills arena regions of daemon A (the engine's copy, untimed),
+  then seals them in requests of ``--batch``; timed until A's writer lanes (``THREADS`` of them)
+  report every chunk stored in Mooncake (header built and checksummed, scatter/gather put).
 * kvd get: a client GETs the chunks from daemon B, whose RAM is empty, in requests of
   ``--batch`` keys; B's reader threads copy them from Mooncake into its arena and verify them.
   The client takes leases (the data is in the shared arena, where an engine reads it), no copy.
@@ -210,9 +211,18 @@ def through_kvd(a_sock: str, b_sock: str, size: int, count: int, batch: int, tag
         _wait_ready(a)
         _wait_ready(b)
         done0 = _long(a)["chunks_written"]
+        # The engine's copy into the arena is not kvd's work (on a GPU host it is a DMA): fill
+        # the regions first, then time from the seals to the last chunk stored in Mooncake.
+        slots = a.reserve(keys, [size] * count)
+        tokens = []
+        for slot in slots:
+            if not isinstance(slot, tuple):
+                raise KvdError(f"cannot reserve room in the benchmark daemon: {slot}")
+            a.arena[slot[1] : slot[1] + size] = payload
+            tokens.append(slot[0])
         t0 = time.perf_counter()
-        for k in keys:
-            a.put(k, payload)
+        for i in range(0, count, batch):
+            a.seal(tokens[i : i + batch])
         while True:
             s = _long(a)
             if s["chunks_written"] - done0 >= count and s["queued_writes"] == 0:
