@@ -159,9 +159,12 @@ class MooncakeMaster(Service):
 class MooncakeStorageNode(Service):
     """``mooncake_client``: a long-lived process that lends ``segment`` bytes to the pool."""
 
-    def __init__(self, workdir: Path, master: MooncakeMaster, segment: str = "128 MB") -> None:
+    def __init__(
+        self, workdir: Path, master: MooncakeMaster, segment: str = "128 MB", metadata: str | None = None
+    ) -> None:
         self.port = free_port()
         self.master = master
+        self.metadata = metadata or master.metadata
         exe = require("mooncake_client", hint="pip install 'infera-kvd[mooncake]'")
         argv = [
             exe,
@@ -170,7 +173,7 @@ class MooncakeStorageNode(Service):
             f"--global_segment_size={segment}",
             "--local_buffer_size=16 MB",
             f"--master_server_address={master.address}",
-            f"--metadata_server={master.metadata}",
+            f"--metadata_server={self.metadata}",
             "--protocol=tcp",
         ]
         super().__init__("mooncake_client", argv, workdir, env={"MC_TCP_BIND_ADDRESS": "127.0.0.1"})
