@@ -47,6 +47,7 @@ class LaunchOptions:
     mooncake_metadata: str | None = None
     mooncake_protocol: str | None = None
     mooncake_device: str | None = None
+    lmcache_url: str | None = None
     ais: bool = False
     hipfile_roots: list[str] = field(default_factory=list)
     host: str = "0.0.0.0"
@@ -129,6 +130,10 @@ def _daemon(o: LaunchOptions) -> Daemon:
         raise UsageError(f"{given[0]} needs --long-backend mooncake")
     if o.mooncake_protocol and o.mooncake_protocol not in ("tcp", "rdma"):
         raise UsageError(f"--mooncake-protocol: {o.mooncake_protocol!r} is not tcp or rdma")
+    if backend == "lmcache" and not o.lmcache_url:
+        raise UsageError("--long-backend lmcache needs --lmcache-url lm://HOST:PORT")
+    if o.lmcache_url and backend != "lmcache":
+        raise UsageError("--lmcache-url needs --long-backend lmcache")
 
     argv = [o.python, *DAEMON_MODULE, "--socket", o.socket, "--max-bytes", o.max_bytes]
     if o.long_path:
@@ -136,6 +141,8 @@ def _daemon(o: LaunchOptions) -> Daemon:
     if backend in ("mooncake", "lmcache"):
         argv += ["--long-backend", backend]
         argv += [x for flag, v in moon.items() if v for x in (flag, v)]
+        if o.lmcache_url:
+            argv += ["--lmcache-url", o.lmcache_url]
     argv += o.daemon_args
     return Daemon(name="kvd", argv=argv, args_start=3, bool_flags=frozenset())
 

@@ -46,12 +46,13 @@ def _emit(
         _need_vllm()
     findings = check(dep, Context(vllm_version=parse_version(dep.vllm_version), use_vllm=use_vllm))
     for f in findings:
-        typer.echo(f"{f.path}:{f.line}:{f.col} {f.code} [{f.severity}] {f.message}\n  fix: {f.fix}", err=True)
+        where = f"{f.path}:{f.line}:{f.col} " if f.loc else ""
+        typer.echo(f"{where}{f.code} [{f.severity}] {f.message}\n  fix: {f.fix}", err=True)
     errors = [f for f in findings if f.severity == "error"]
     if errors:
         raise KvdError(
             f"the deployment breaks {len(errors)} rule(s); nothing was written",
-            hint="fix the spec as the findings say",
+            hint="change the options or the spec as the findings say",
         )
     if save_spec:
         write_spec(dep, save_spec)
@@ -175,6 +176,9 @@ def launch_single(
     mooncake_metadata: str = typer.Option(None, "--mooncake-metadata", help="Mooncake metadata server URL."),
     mooncake_protocol: str = typer.Option(None, "--mooncake-protocol", help="tcp or rdma."),
     mooncake_device: str = typer.Option(None, "--mooncake-device", help="RDMA device(s) for Mooncake."),
+    lmcache_url: str = typer.Option(
+        None, "--lmcache-url", help="lmcache_server lm://HOST:PORT (with --long-backend lmcache)."
+    ),
     ais: bool = typer.Option(
         False, "--ais/--no-ais", help="GPU-direct L3 reads (INFERA_KVD_AIS=1, roots from --long-path)."
     ),
@@ -221,7 +225,7 @@ def launch_single(
         o = _opts(
             kind="single", model=model, socket=socket, max_bytes=max_bytes, long_path=long_path, long_bytes=long_bytes,
             long_backend=long_backend, mooncake_master=mooncake_master, mooncake_metadata=mooncake_metadata,
-            mooncake_protocol=mooncake_protocol, mooncake_device=mooncake_device, ais=ais, hipfile_roots=hipfile_root,
+            mooncake_protocol=mooncake_protocol, mooncake_device=mooncake_device, lmcache_url=lmcache_url, ais=ais, hipfile_roots=hipfile_root,
             host=host, port=port, hash_seed=hash_seed, prewarm=prewarm, engine_args=engine_arg, daemon_args=daemon_arg,
             python=python, image=image, vllm_version=vllm_version,
         )  # fmt: skip
@@ -270,6 +274,9 @@ def launch_pd(
     mooncake_metadata: str = typer.Option(None, "--mooncake-metadata", help="Mooncake metadata server URL."),
     mooncake_protocol: str = typer.Option(None, "--mooncake-protocol", help="tcp or rdma."),
     mooncake_device: str = typer.Option(None, "--mooncake-device", help="RDMA device(s) for Mooncake."),
+    lmcache_url: str = typer.Option(
+        None, "--lmcache-url", help="lmcache_server lm://HOST:PORT (with --long-backend lmcache)."
+    ),
     ais: bool = typer.Option(False, "--ais/--no-ais", help="GPU-direct L3 reads on the prefill leg."),
     hipfile_root: list[str] = typer.Option(
         [], "--hipfile-root", help="Extra GPU-direct root NAME=PATH (repeatable)."
@@ -312,7 +319,7 @@ def launch_pd(
             discovery_backend=discovery_backend, request_transport=request_transport,
             kv_event_transport=kv_event_transport, socket=socket, max_bytes=max_bytes, long_path=long_path,
             long_bytes=long_bytes, long_backend=long_backend, mooncake_master=mooncake_master,
-            mooncake_metadata=mooncake_metadata, mooncake_protocol=mooncake_protocol, mooncake_device=mooncake_device,
+            mooncake_metadata=mooncake_metadata, mooncake_protocol=mooncake_protocol, mooncake_device=mooncake_device, lmcache_url=lmcache_url,
             ais=ais, hipfile_roots=hipfile_root, host=host, hash_seed=hash_seed, prewarm=prewarm,
             engine_args=engine_arg, daemon_args=daemon_arg, python=python, image=image, vllm_version=vllm_version,
         )  # fmt: skip

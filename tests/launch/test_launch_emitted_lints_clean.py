@@ -21,6 +21,7 @@ VARIANTS = {
         "single", "--model", "m", "--long-backend", "mooncake", "--mooncake-master", "10.0.0.9:50051",
         "--mooncake-protocol", "tcp",
     ],
+    "single-lmcache": ["single", "--model", "m", "--long-backend", "lmcache", "--lmcache-url", "lm://10.0.0.9:65432"],
     "pd": ["pd", "--model", "m", "--etcd", "etcd:2379", "--advertise-host", "10.0.0.5"],
     "pd-ais-prewarm": [
         "pd", "--model", "m", "--etcd", "etcd:2379", "--advertise-host", "10.0.0.5", "--decode-advertise-host",

@@ -54,6 +54,14 @@ PD = ["pd", "--model", "m", "--etcd", "etcd:2379", "--advertise-host", "10.0.0.5
             "--mooncake-master needs --long-backend mooncake",
         ),
         (["single", "--model", "m", "--ais"], "--ais needs --long-path"),
+        (
+            ["single", "--model", "m", "--long-backend", "lmcache"],
+            "--long-backend lmcache needs --lmcache-url",
+        ),
+        (
+            ["single", "--model", "m", "--lmcache-url", "lm://h:1"],
+            "--lmcache-url needs --long-backend lmcache",
+        ),
         (["single", "--model", "m", "--hipfile-root", "x=/y"], "--hipfile-root needs --ais"),
         (["single", "--model", "m", "--port", "70000"], "--port: 70000 is not a TCP port"),
         (["single", "--model", "m", "--socket", "kvd.sock"], "--socket: 'kvd.sock' is not an absolute path"),
