@@ -216,6 +216,21 @@ def test_long_bytes_holds_after_restart(start_daemon: Callable[..., Daemon], sho
         assert min(mtime[k] for k in kept) >= max(mtime[k] for k in mtime if k not in kept)
 
 
+def test_chunk_hot_in_ram_keeps_its_file(start_daemon: Callable[..., Daemon], short_tmp: Path) -> None:
+    root = short_tmp / "long"
+    d = disk_daemon(start_daemon, root, "4M", str(5 * (cf.HEADER_SIZE + (1 << 20))))
+    with d.client(namespace=NS) as c:
+        hot = os.urandom(1 << 20)
+        c.put(b"hot", hot)
+        for i in range(10):
+            c.put(f"cold-{i}".encode(), os.urandom(1 << 20))
+            wait_for(lambda: long_stats(c)["queued_writes"] == 0, what="write queue drained")
+            assert c.get(b"hot") == hot  # keeps it the most recently used chunk in RAM
+        s = long_stats(c)
+        assert s["evicted_files"] >= 5 and s["chunks"] <= 5
+    assert Path(cf.chunk_path(str(root), NS, b"hot")).exists(), "the oldest file, but its chunk is hot"
+
+
 def test_only_long_chunks_reach_disk(start_daemon: Callable[..., Daemon], short_tmp: Path) -> None:
     root = short_tmp / "long"
     d = disk_daemon(start_daemon, root)

@@ -43,6 +43,7 @@ log = logging.getLogger("infera.kvd.disk")
 READERS = 4
 MERGE_BATCH = 4096
 BACKLOG_MAX = 65536
+SECOND_CHANCES = 64  # files spared per eviction pass because their chunk is in RAM
 
 
 class WriteJob:
@@ -235,7 +236,7 @@ class DiskTier:
         """Evict least-recently-used files until ``need`` more bytes fit. A file whose chunk is
         still in RAM gets one second chance, so a hot chunk keeps its copy on disk."""
         index = self.index
-        chances = len(index)
+        chances = min(len(index), SECOND_CHANCES)
         while self.bytes_used + self.reserved + need > self.capacity and index:
             fkey = next(iter(index))
             if chances > 0 and (self._in_ram(fkey) or fkey in self.reads.reading):
@@ -243,6 +244,8 @@ class DiskTier:
                 chances -= 1
                 continue
             self.forget(fkey)
+            if fkey in self._writes:
+                continue  # a newer write of this chunk is queued: its rename replaces the file
             self.c["evicted_files"] += 1
             self._unlink(fkey)
 
