@@ -27,6 +27,13 @@ def _default_model_dir(hidden: int, layers: int, vocab: int) -> Path:
     return base / f"llama-h{hidden}-l{layers}-v{vocab}"
 
 
+def _rate(row: dict[str, Any], what: str) -> str:
+    seconds, nbytes = row.get(f"{what}_s", 0), row.get(f"{what}_bytes", 0)
+    if not seconds or not nbytes:
+        return "-"
+    return f"{seconds * 1e3:.0f}ms {nbytes / seconds / 1e9:.1f}GB/s"
+
+
 def _check_python(python: str) -> None:
     if python == sys.executable:
         if importlib.util.find_spec("vllm") is None:

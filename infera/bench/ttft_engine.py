@@ -59,6 +59,17 @@ def build_model(path: Path, hidden: int, layers: int, vocab: int) -> dict[str, A
     return info
 
 
+def _copy_counters() -> dict[str, int]:
+    """The worker half's copy counters (in-process engine: the worker lives in this process)."""
+    try:
+        from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+        worker = getattr(get_kv_transfer_group(), "_worker", None)
+        return dict(worker.counters) if worker is not None else {}
+    except Exception:
+        return {}
+
+
 def _external_hits(llm: Any) -> float:
     for m in llm.get_metrics():
         if m.name == "vllm:external_prefix_cache_hits":
@@ -94,14 +105,19 @@ def main() -> None:
     start_s = time.monotonic() - started
     vocab = int(info["vocab"])
 
+    copies: dict[str, int] = {}
+
     def request(ids: list[int], retention: str | None) -> tuple[float, list[int], float]:
         extra = {"kv_transfer_params": {"infera_retention": retention}} if retention else None
         sp = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, extra_args=extra)
         llm.reset_prefix_cache()
-        before = _external_hits(llm)
+        before, counters = _external_hits(llm), _copy_counters()
         t = time.perf_counter()
         out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)
         took = time.perf_counter() - t
+        after = _copy_counters()
+        copies.clear()
+        copies.update({k: after.get(k, 0) - counters.get(k, 0) for k in after})
         return took, list(out[0].outputs[0].token_ids), _external_hits(llm) - before
 
     rng = random.Random(0)
@@ -112,7 +128,9 @@ def main() -> None:
             ids = [rng.randrange(3, vocab) for _ in range(n)]
             recompute_s, t_recompute, _ = request(ids, "none")
             store_s, _t_store, _ = request(ids, "long")
+            saved = dict(copies)
             hit_s, t_hit, hits = request(ids, None)
+            loaded = dict(copies)
             rows.append(
                 {
                     "tokens": n,
@@ -121,6 +139,10 @@ def main() -> None:
                     "hit_s": hit_s,
                     "hit_tokens": hits,
                     "same_token": t_recompute == t_hit,
+                    "save_s": saved.get("save_us", 0) / 1e6,
+                    "save_bytes": saved.get("save_bytes", 0),
+                    "load_s": loaded.get("load_us", 0) / 1e6,
+                    "load_bytes": loaded.get("load_bytes", 0),
                 }
             )
     print("RESULT " + json.dumps({"model": info, "engine_start_s": start_s, "rows": rows}), flush=True)

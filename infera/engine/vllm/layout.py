@@ -107,6 +107,7 @@ class KVLayout:
         self.layers = sorted(layers, key=lambda lb: natural_key(lb.name))
         self.num_blocks = min(lb.view.size(0) for lb in self.layers)
         self.block_bytes = sum(lb.page_bytes for lb in self.layers)
+        self.device = self.layers[0].view.device
         self.stacked = self._stack()
 
     @classmethod
@@ -163,6 +164,11 @@ class KVLayout:
         if out.numel() != self.chunk_bytes(nb):
             raise LayoutError(f"payload of {out.numel()} bytes, expected {self.chunk_bytes(nb)}")
         idx = self._index(block_ids)
+        if self.device != out.device:  # GPU KV, host arena: gather on the device, then one copy
+            staged = torch.empty(out.numel(), dtype=torch.uint8, device=self.device)
+            self.gather(block_ids, staged)
+            out.copy_(staged)
+            return
         if self.stacked is not None:
             torch.index_select(self.stacked, 1, idx, out=out.view(len(self.layers), nb, -1))
             return
@@ -183,6 +189,8 @@ class KVLayout:
         if not 0 <= skip < stop <= nb:
             raise LayoutError(f"blocks {skip}..{stop} outside a {nb}-block chunk")
         idx = self._index(block_ids[skip:stop])
+        if self.device != src.device:
+            src = src.to(self.device)
         if self.stacked is not None:
             self.stacked.index_copy_(1, idx, src.view(len(self.layers), nb, -1)[:, skip:stop])
             return
