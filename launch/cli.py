@@ -365,6 +365,7 @@ def lint(
     Silence a finding with `# kvd: ignore[RULE]` on its line, or alone on the line above.
     """
     from infera.clikit import run_guarded
+    from infera.launch.lint.run import run_lint
 
     raise typer.Exit(
         run_guarded(
@@ -384,117 +385,6 @@ def lint(
         )
         or 0
     )
-
-
-def _codes(text: str | None, flag: str) -> set[str] | None:
-    from infera.errors import UsageError
-    from infera.launch.rules import lookup
-
-    if text is None:
-        return None
-    out = set()
-    for tok in text.split(","):
-        if not tok.strip():
-            continue
-        r = lookup(tok)
-        if r is None:
-            raise UsageError(
-                f"{flag}: unknown rule {tok.strip()!r}", hint="`kvd lint --list-rules` lists them"
-            )
-        out.add(r.code)
-    return out
-
-
-def run_lint(
-    files: list[str],
-    fmt: str,
-    json_out: bool,
-    ftype: str | None,
-    stdin_filename: str,
-    together: bool,
-    select: str | None,
-    ignore: str | None,
-    vllm_version: str | None,
-    vllm: bool,
-    list_rules: bool,
-    explain: str | None,
-) -> int:
-    from infera.errors import UsageError
-    from infera.launch.lint import TYPES, Source, lint_sources
-    from infera.launch.lint.report import OUTPUT_FORMATS, render
-    from infera.launch.rules import Context, all_rules, lookup, parse_version
-
-    if list_rules:
-        rules = all_rules()
-        if json_out or fmt == "json":
-            import json
-
-            typer.echo(json.dumps([r.to_dict() for r in rules], indent=2))
-        else:
-            for r in rules:
-                typer.echo(f"{r.code}  {r.name:<34} {r.severity:<8} {r.summary}")
-        return 0
-    if explain:
-        found = lookup(explain)
-        if found is None:
-            raise UsageError(
-                f"--explain: unknown rule {explain!r}", hint="`kvd lint --list-rules` lists them"
-            )
-        typer.echo(f"# {found.code} {found.name} ({found.severity})\n\n{found.summary}\n\n{found.doc}")
-        return 0
-    fmt = "json" if json_out else fmt
-    if fmt not in OUTPUT_FORMATS:
-        raise UsageError(f"--format: {fmt!r} is not one of {', '.join(OUTPUT_FORMATS)}")
-    if ftype is not None and ftype not in TYPES:
-        raise UsageError(f"--type: {ftype!r} is not one of {', '.join(TYPES)}")
-    if not files:
-        raise UsageError("no files to check", hint="pass files, or '-' to read stdin")
-    version = parse_version(vllm_version)
-    if vllm_version and version is None:
-        raise UsageError(f"--vllm-version: {vllm_version!r} is not a version like 0.32")
-    if vllm:
-        _need_vllm()
-    sources = []
-    for path in _expand(files):
-        if path == "-":
-            sources.append(Source(stdin_filename, sys.stdin.read(), ftype or ""))
-            continue
-        try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                sources.append(Source(path, fh.read(), ftype or ""))
-        except OSError as exc:
-            raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-    result = lint_sources(
-        sources,
-        Context(vllm_version=version, use_vllm=vllm),
-        together=together,
-        select=_codes(select, "--select"),
-        ignore=_codes(ignore, "--ignore") or set(),
-    )
-    typer.echo(render(result, fmt), nl=False)
-    return 1 if result.errors else 0
-
-
-LINTABLE = (".sh", ".bash", ".service", ".env", ".yaml", ".yml", ".json")
-
-
-def _expand(paths: list[str]) -> list[str]:
-    """Files as given; a directory becomes the lintable files under it (hidden entries skipped)."""
-    import os
-
-    out: list[str] = []
-    for path in paths:
-        if path != "-" and os.path.isdir(path):
-            for root, dirs, names in os.walk(path):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                out += [
-                    os.path.join(root, n)
-                    for n in sorted(names)
-                    if n.endswith(LINTABLE) and not n.startswith(".")
-                ]
-        else:
-            out.append(path)
-    return out
 
 
 def register(app: typer.Typer) -> None:
