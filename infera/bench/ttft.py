@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import operator
 import os
 import subprocess
 import sys
@@ -25,6 +26,27 @@ from infera.errors import KvdError, UsageError
 def _default_model_dir(hidden: int, layers: int, vocab: int) -> Path:
     base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "infera-kvd" / "bench-models"
     return base / f"llama-h{hidden}-l{layers}-v{vocab}"
+
+
+def _best_of(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per prompt length, the fastest of the repeats for each phase: on a shared machine the least
+    disturbed figure is the closest to what the code costs."""
+    rows: list[dict[str, Any]] = []
+    for n in sorted({s["tokens"] for s in samples}):
+        group = [s for s in samples if s["tokens"] == n]
+        row: dict[str, Any] = {"tokens": n, "repeats": len(group)}
+        for phase in ("recompute", "store", "hit"):
+            row[f"{phase}_s"] = min(s[f"{phase}_s"] for s in group)
+        for what in ("load", "save"):
+            timed = [s for s in group if s[f"{what}_s"]]
+            best = min(timed, key=operator.itemgetter(f"{what}_s")) if timed else group[0]
+            row[f"{what}_s"], row[f"{what}_bytes"] = best[f"{what}_s"], best[f"{what}_bytes"]
+        row["hit_tokens"] = min(s["hit_tokens"] for s in group)
+        row["same_token"] = all(s["same_token"] for s in group)
+        row["speedup"] = row["recompute_s"] / row["hit_s"] if row["hit_s"] else None
+        row["save_overhead"] = row["store_s"] / row["recompute_s"] if row["recompute_s"] else None
+        rows.append(row)
+    return rows
 
 
 def _rate(row: dict[str, Any], what: str) -> str:
@@ -107,9 +129,8 @@ def run_ttft_bench(
         tail = (proc.stdout + proc.stderr).strip()[-1500:]
         raise KvdError(f"the benchmark engine failed (exit {proc.returncode}): {tail}")
     result: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
-    for row in result["rows"]:
-        row["speedup"] = row["recompute_s"] / row["hit_s"] if row["hit_s"] else None
-        row["save_overhead"] = row["store_s"] / row["recompute_s"] if row["recompute_s"] else None
+    result["samples"] = result.pop("rows")
+    result["rows"] = _best_of(result["samples"])
     if json_out:
         print(json.dumps(result, indent=2))
         return result

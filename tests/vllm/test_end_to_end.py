@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EngineRun, prompt, run_engine
+from engines import EngineRun, prompt, run_engine
 
 from helpers import Daemon
 

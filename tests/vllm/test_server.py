@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import CONNECTOR, engine_env, prompt
+from engines import CONNECTOR, engine_env, prompt
 
 from helpers import Daemon, free_port
 from infera.kvd.tiers import SUPPORTED
