@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -271,3 +272,40 @@ def test_kvd_stat_shows_the_long_tier(cluster: MooncakeMaster, start_daemon: Cal
     )
     assert "mooncake disconnected" in res.stdout and "NOT connected" in res.stdout
     assert "does not answer" in res.stdout
+
+
+def test_hung_master_never_stalls_the_daemon(
+    cluster: MooncakeMaster, start_daemon: Callable[..., Daemon]
+) -> None:
+    """A stopped (SIGSTOP) master still accepts TCP connections but never answers: reads and
+    existence checks must give up on their own, and later ones must not wait at all."""
+    a = mooncake_daemon(start_daemon, cluster, "a")
+    b = mooncake_daemon(start_daemon, cluster, "b")
+    for d in (a, b):
+        wait_long(d, lambda s: s["state"] == "ready")
+    data = payloads(3, "hung")
+    put_all(a, data)
+    wait_long(a, lambda s: s["chunks_written"] == 3)
+    keys = list(data)
+    os.kill(cluster.pid, signal.SIGSTOP)
+    try:
+        with b.client(namespace="m") as c:
+            t0 = time.monotonic()
+            assert c.get(keys[0]) is None  # answered at the deadline, as a miss
+            first = time.monotonic() - t0
+            t0 = time.monotonic()
+            assert c.get(keys[1]) is None
+            assert c.lookup([keys[2]]) == 0
+            later = time.monotonic() - t0
+            c.put(b"ram-still-works", b"r" * 1000)
+            assert c.get(b"ram-still-works") == b"r" * 1000
+        assert first < 4.0 and later < 0.6, (first, later)
+        s = long_stats(b)
+        assert s["state"] == "degraded" and s["timeouts"] >= 1
+    finally:
+        os.kill(cluster.pid, signal.SIGCONT)
+    with b.client(namespace="m") as c:  # the store answers again: reads work again
+        deadline = time.monotonic() + 20
+        while c.get(keys[1]) != data[keys[1]]:
+            assert time.monotonic() < deadline, long_stats(b)
+            time.sleep(0.2)

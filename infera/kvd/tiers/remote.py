@@ -387,7 +387,7 @@ class RemoteTier(Link):
     def fetch(self, ikeys: Iterable[bytes], on_ready: Callable[[], None]) -> bool:
         """Read the RAM misses among ``ikeys`` from the store; True if ``on_ready`` will be
         called on the loop thread once they are in the arena, failed, or the deadline passed."""
-        if not self._usable():
+        if not self._usable() or self._stalled():
             return False
         ikeys = list(ikeys)
         waiter = Waiter(on_ready, time.monotonic() + FETCH_TIMEOUT_S)
@@ -403,6 +403,12 @@ class RemoteTier(Link):
         waiter.armed = True
         self._waiters.append(waiter)
         return True
+
+    def _stalled(self) -> bool:
+        """True while a read has been under way longer than a GET may wait: the store hangs
+        (a stopped master still accepts connections), so new GETs do not wait for it."""
+        oldest = next(iter(self._reads.values()), None)
+        return oldest is not None and time.monotonic() - oldest.started > FETCH_TIMEOUT_S
 
     def prewarm(self, ikeys: list[bytes]) -> int:
         if not self._usable():
