@@ -47,8 +47,14 @@ ERRORS = {
     -704: ("object not found", "missing"),
     -705: ("object already exists", "error"),
     -706: ("object has a lease", "error"),
+    -707: ("lease expired before the transfer finished (the data may have been evicted)", "error"),
+    -710: ("replica not found", "missing"),
+    -712: ("replica is gone", "missing"),
+    -714: ("replica busy", "error"),
     -800: ("transfer failed", "error"),
     -900: ("RPC to the master failed", "down"),
+    -901: ("RPC to the master timed out", "down"),
+    -1010: ("the master cannot serve this now (not the leader, or starting)", "error"),
 }
 
 
