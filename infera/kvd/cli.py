@@ -43,10 +43,10 @@ def serve(
         "--mooncake-metadata",
         envvar="INFERA_KVD_MOONCAKE_METADATA",
         help="Mooncake metadata service: http://HOST:PORT/metadata, etcd://HOST:PORT or "
-        "P2PHANDSHAKE [default: P2PHANDSHAKE].",
+        "P2PHANDSHAKE (default: P2PHANDSHAKE).",
     ),
     mooncake_protocol: str = typer.Option(
-        None, "--mooncake-protocol", envvar="INFERA_KVD_MOONCAKE_PROTOCOL", help="tcp or rdma [default: tcp]."
+        None, "--mooncake-protocol", envvar="INFERA_KVD_MOONCAKE_PROTOCOL", help="tcp or rdma (default: tcp)."
     ),
     mooncake_device: str = typer.Option(
         None, "--mooncake-device", envvar="INFERA_KVD_MOONCAKE_DEVICE", help="RDMA device names, e.g. mlx5_0."
@@ -55,13 +55,13 @@ def serve(
         None,
         "--mooncake-segment-bytes",
         envvar="INFERA_KVD_MOONCAKE_SEGMENT_BYTES",
-        help="Memory this daemon lends to the Mooncake pool [default: 0, data lives on storage nodes].",
+        help="Memory this daemon lends to the Mooncake pool (default: 0: the data lives on storage nodes).",
     ),
     mooncake_buffer_bytes: str = typer.Option(
         None,
         "--mooncake-buffer-bytes",
         envvar="INFERA_KVD_MOONCAKE_BUFFER_BYTES",
-        help="Mooncake client transfer buffer [default: 16M].",
+        help="Mooncake client transfer buffer (default: 16M).",
     ),
     lmcache_url: str = typer.Option(
         None, "--lmcache-url", envvar="INFERA_KVD_LMCACHE_URL", help="lmcache_server address lm://HOST:PORT."
