@@ -234,8 +234,8 @@ def test_daemon_starts_before_the_master(
     t0 = time.monotonic()
     a = mooncake_daemon(start_daemon, master, "a")
     assert time.monotonic() - t0 < 10  # setup() would block ~90 s: the daemon must not wait for it
-    s = long_stats(a)
-    assert s["state"] == "disconnected" and not s["connected"]
+    s = wait_long(a, lambda s: s["state"] == "disconnected", timeout=5)  # "loading" until the first probe
+    assert not s["connected"] and "does not answer" in s["last_error"]
     with a.client(namespace="m") as c:  # the RAM tier serves meanwhile
         c.put(b"early", b"e" * 5000)
         assert c.get(b"early") == b"e" * 5000
