@@ -33,6 +33,18 @@ def doctor(
     long_path: str = typer.Option(
         None, "--long-path", metavar="DIR", help="Long-tier directory for the storage checks."
     ),
+    etcd: str = typer.Option(
+        None,
+        "--etcd",
+        metavar="HOST:PORT",
+        help="etcd the P/D engines register in: list the workers and check their pairing.",
+    ),
+    etcd_prefix: str = typer.Option(
+        None,
+        "--etcd-prefix",
+        metavar="PREFIX",
+        help="Key prefix of the registrations (the engines' --discovery-prefix).",
+    ),
     verbose: bool = typer.Option(
         False, "--verbose", "-v", help="Show the evidence and notes behind every check."
     ),
@@ -66,11 +78,17 @@ def doctor(
                 f"--root {root} is not a directory", hint="give the directory a host is mounted at"
             )
         select(check)  # unknown names are a usage error before anything runs
+        if etcd:
+            from infera.discovery.etcd import parse_endpoints
+
+            parse_endpoints(etcd)
         opts = DoctorOptions(
             root=root,
             socket=socket,
             socket_explicit=socket is not None,
             long_path=long_path,
+            etcd=etcd,
+            etcd_prefix=etcd_prefix,
             checks=list(check),
             verbose=verbose,
         )

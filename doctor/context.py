@@ -29,6 +29,8 @@ class DoctorOptions:
     socket: str | None = None
     socket_explicit: bool = False
     long_path: str | None = None
+    etcd: str | None = None
+    etcd_prefix: str | None = None
     checks: list[str] = field(default_factory=list)
     verbose: bool = False
     extra: dict[str, str] = field(default_factory=dict)

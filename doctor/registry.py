@@ -28,6 +28,7 @@ AREAS: dict[str, str] = {
     "storage": "Storage",
     "engines": "Engines",
     "daemon": "kvd daemon",
+    "pd": "Prefill/decode discovery",
     "nvidia": "NVIDIA GPUDirect Storage",
 }
 

@@ -173,7 +173,7 @@ def story(server: Server, kvd: Daemon) -> dict[str, Any]:
 def test_entry_point_adds_recompute_policy_and_ignores_pd_flags(server: Server) -> None:
     log = server.log()
     assert "kv_load_failure_policy='recompute'" in log
-    assert "--advertise-host accepted but not used yet" in log
+    assert "--advertise-host is for the P/D registration, which needs --etcd-endpoint" in log
     assert "Route: /v1/cache/prewarm" in log
 
 

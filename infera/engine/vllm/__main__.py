@@ -5,8 +5,9 @@ Everything vLLM's ``api_server`` accepts works unchanged. Added:
 * ``--kvd-socket-path PATH``: turns on ``POST /v1/cache/prewarm`` (see :mod:`.prewarm`) and, when
   ``INFERA_KVD_SOCKET`` is unset, also points the connector at PATH.
 * The prefill/decode discovery flags of the product doc (``--advertise-host --etcd-endpoint
-  --discovery-backend --request-transport --kv-event-transport``) are accepted and, for now,
-  ignored with a one-line warning.
+  --discovery-backend --request-transport --kv-event-transport``, plus ``--discovery-prefix`` and
+  ``--discovery-lease-ttl``): with ``--etcd-endpoint`` the worker registers in etcd once it
+  serves, under a lease that expires when it dies (see :mod:`.discovery` and ``docs/pd.md``).
 * When ``--kv-transfer-config`` names ``InferaKvdConnector`` (alone or inside a MultiConnector)
   and does not choose ``kv_load_failure_policy``, it is set to ``recompute``: a chunk that
   vanishes between lookup and load then costs a recompute instead of a failed request.
@@ -23,13 +24,6 @@ from typing import Any
 log = logging.getLogger("infera.engine.vllm")
 
 CONNECTOR = "InferaKvdConnector"
-PD_FLAGS = (
-    "--advertise-host",
-    "--etcd-endpoint",
-    "--discovery-backend",
-    "--request-transport",
-    "--kv-event-transport",
-)
 KTC_FLAG = "--kv-transfer-config"
 
 
@@ -106,8 +100,9 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="kvd daemon socket: enables POST /v1/cache/prewarm (and sets INFERA_KVD_SOCKET if unset).",
     )
-    for flag in PD_FLAGS:
-        group.add_argument(flag, default=None, help="prefill/decode discovery: accepted, not used yet.")
+    from infera.engine.vllm import discovery
+
+    discovery.add_arguments(group)
     args = parser.parse_args(default_failure_policy(sys.argv[1:] if argv is None else argv))
     try:
         from vllm.logger import configure_logging_from_args
@@ -116,19 +111,18 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:
         pass
     validate(args)
-    given = [f for f in PD_FLAGS if getattr(args, f[2:].replace("-", "_"), None) is not None]
-    if given:
-        print(
-            f"infera-kvd: {' '.join(given)} accepted but not used yet (P/D discovery is not in this build)",
-            file=sys.stderr,
-        )
     if args.kvd_socket_path:
         os.environ.setdefault("INFERA_KVD_SOCKET", args.kvd_socket_path)
         if int(getattr(args, "api_server_count", 1) or 1) > 1:
             print("infera-kvd: /v1/cache/prewarm needs --api-server-count 1; not installed", file=sys.stderr)
         else:
             install_prewarm_route(app_module, args.kvd_socket_path)
-    uvloop.run(run_server(args))
+    registrar = discovery.start(args, app_module)
+    try:
+        uvloop.run(run_server(args))
+    finally:
+        if registrar is not None:
+            registrar.stop()
 
 
 if __name__ == "__main__":
