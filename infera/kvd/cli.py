@@ -66,6 +66,11 @@ def serve(
     lmcache_url: str = typer.Option(
         None, "--lmcache-url", envvar="INFERA_KVD_LMCACHE_URL", help="lmcache_server address lm://HOST:PORT."
     ),
+    prefault: bool = typer.Option(
+        False,
+        "--prefault",
+        help="Commit the whole arena at start (in the background) so first writes pay no page faults.",
+    ),
 ) -> None:
     """Run the per-host kvd daemon."""
     from infera.clikit import run_guarded
@@ -95,6 +100,7 @@ def serve(
             mooncake_buffer_bytes=mooncake_buffer_bytes,
             lmcache_url=lmcache_url,
         )
+        cfg.prefault = prefault
         return run_daemon(cfg)
 
     code = run_guarded(_go)

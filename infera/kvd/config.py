@@ -39,6 +39,7 @@ class DaemonConfig:
     ephemeral_ttl: float = 300.0
     max_frame: int = 16 << 20
     fsync: str = "data"
+    prefault: bool = False
     long_write_queue: int = 256
     long_writers: int = 2
     mooncake_master: str | None = None

@@ -26,72 +26,18 @@ from infera.errors import KvdError
 from infera.kvd import protocol as P
 from infera.kvd.arena import Arena
 from infera.kvd.config import DaemonConfig
-from infera.kvd.store import Chunk, Store
+from infera.kvd.conn import BadRequest, Client, Reply
+from infera.kvd.ops import Ops
+from infera.kvd.snapshot import build_snapshot, hash_warnings
+from infera.kvd.store import Store
 
 log = logging.getLogger("infera.kvd")
 
 _PEERCRED = struct.Struct("3i")
-Reply = dict[str, Any] | None
+FLUSH_BLOCK_S = 2.0  # longest the loop waits for a client to drain before an fd-passing reply
 
 
-class BadRequest(Exception):
-    """A request that is well-framed but wrong; answered with a typed error, connection kept."""
-
-    def __init__(self, message: str, code: str = "bad_request") -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class Client:
-    """State of one connection. Leases and reservations die with it."""
-
-    def __init__(self, sock: socket.socket, cid: int, pid: int, uid: int, gid: int) -> None:
-        self.sock = sock
-        self.id = cid
-        self.peer_pid = pid
-        self.uid = uid
-        self.gid = gid
-        self.reader: P.FrameReader | None = None
-        self.out = bytearray()
-        self.want_write = False
-        self.hello = False
-        self.info: dict[str, Any] = {}
-        self.ns_id = 0
-        self.namespace = ""
-        self.leases: dict[int, Chunk] = {}
-        self.reservations: dict[int, Chunk] = {}
-        self.next_token = 1
-        self.connected_at = time.time()
-        self.requests = 0
-        self.report: dict[str, Any] = {}
-        self.closed = False
-
-    def public(self) -> dict[str, Any]:
-        info = self.info
-        return {
-            "id": self.id,
-            "pid": info.get("pid", self.peer_pid),
-            "peer_pid": self.peer_pid,
-            "uid": self.uid,
-            "name": info.get("name", ""),
-            "role": info.get("role", ""),
-            "model": info.get("model", ""),
-            "namespace": self.namespace,
-            "hash_settings": info.get("hash_settings", {}),
-            "hash_fingerprint": info.get("hash_fingerprint", ""),
-            "chunk_tokens": info.get("chunk_tokens"),
-            "data_path": self.report.get("data_path", info.get("data_path", "arena")),
-            "fallback": self.report.get("fallback"),
-            "fallback_reason": self.report.get("fallback_reason"),
-            "counters": self.report.get("counters", {}),
-            "leases": len(self.leases),
-            "reservations": len(self.reservations),
-            "requests": self.requests,
-            "connected_s": round(time.time() - self.connected_at, 1),
-        }
-
-
-class Server:
+class Server(Ops):
     """The kvd daemon. ``start()`` binds and allocates; ``serve_forever()`` runs the loop."""
 
     def __init__(self, cfg: DaemonConfig) -> None:
@@ -138,6 +84,8 @@ class Server:
         self._bind()
         self.arena = Arena(cfg.max_bytes)
         self.store = Store(self.arena.capacity, ephemeral_ttl=cfg.ephemeral_ttl)
+        if cfg.prefault:
+            self.arena.prefault_in_background()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -238,18 +186,29 @@ class Server:
         if client.closed:
             return
         msg["_resumed"] = True
+        self._answer(client, msg, lambda: handler(client, msg))
+
+    def _answer(self, client: Client, msg: Any, run: Callable[[], Reply]) -> None:
+        """Run one handler; turn BadRequest and bugs into typed error replies; send the reply."""
         try:
-            reply = handler(client, msg)
+            reply = run()
         except BadRequest as exc:
+            self.protocol_errors_total += 1
+            if isinstance(msg, dict) and msg.get("noreply"):
+                log.debug("dropped bad noreply request from client %d: %s", client.id, exc)
+                return
             reply = {"ok": False, "error": exc.code, "message": str(exc)}
-        except Exception as exc:
-            log.exception("internal error finishing a deferred request")
+        except Exception as exc:  # a bug must cost one request, never the daemon
+            self.protocol_errors_total += 1
+            log.exception("internal error handling a request")
             reply = {"ok": False, "error": "internal", "message": f"internal error: {type(exc).__name__}"}
-        if reply is not None:
-            rid = msg.get("id", 0)
-            reply["id"] = rid if isinstance(rid, int) else 0
-            reply.setdefault("ok", True)
-            self._send(client, reply)
+        if reply is None:
+            return
+        rid = msg.get("id", 0) if isinstance(msg, dict) else 0
+        reply["id"] = rid if isinstance(rid, int) else 0
+        reply.setdefault("ok", True)
+        fds = reply.pop("_fds", None)
+        self._send(client, reply, fds)
 
     def serve_forever(self) -> None:
         try:
@@ -375,39 +334,25 @@ class Server:
 
     def _handle_frame(self, client: Client, body: bytes) -> None:
         client.requests += 1
-        rid: Any = 0
-        msg: Any = None
         try:
-            try:
-                msg = P.decode_body(body)
-            except Exception as exc:
-                raise BadRequest(f"frame is not valid msgpack: {type(exc).__name__}") from None
-            if not isinstance(msg, dict):
-                raise BadRequest("a request must be a msgpack map")
-            rid = msg.get("id", 0)
-            op = msg.get("op")
-            handler = self.handlers.get(op) if isinstance(op, str) else None
-            if handler is None:
-                raise BadRequest(f"unknown op {op!r}", "unknown_op")
-            if not client.hello and op not in ("HELLO", "PING", "STATS"):
-                raise BadRequest(f"{op} before HELLO")
-            reply = handler(client, msg)
-        except BadRequest as exc:
-            self.protocol_errors_total += 1
-            reply = {"ok": False, "error": exc.code, "message": str(exc)}
-            if isinstance(msg, dict) and msg.get("noreply"):
-                log.debug("dropped bad noreply request from client %d: %s", client.id, exc)
-                return
-        except Exception as exc:  # a bug must cost one request, never the daemon
-            self.protocol_errors_total += 1
-            log.exception("internal error handling a request")
-            reply = {"ok": False, "error": "internal", "message": f"internal error: {type(exc).__name__}"}
-        if reply is None:
-            return
-        reply["id"] = rid if isinstance(rid, int) else 0
-        reply.setdefault("ok", True)
-        fds = reply.pop("_fds", None)
-        self._send(client, reply, fds)
+            msg = P.decode_body(body)
+        except Exception as exc:
+            msg = None
+            error = f"frame is not valid msgpack: {type(exc).__name__}"
+        else:
+            error = "" if isinstance(msg, dict) else "a request must be a msgpack map"
+        self._answer(client, msg, lambda: self._dispatch(client, msg, error))
+
+    def _dispatch(self, client: Client, msg: Any, error: str) -> Reply:
+        if error:
+            raise BadRequest(error)
+        op = msg.get("op")
+        handler = self.handlers.get(op) if isinstance(op, str) else None
+        if handler is None:
+            raise BadRequest(f"unknown op {op!r}", "unknown_op")
+        if not client.hello and op not in ("HELLO", "PING", "STATS"):
+            raise BadRequest(f"{op} before HELLO")
+        return handler(client, msg)
 
     def _send(self, client: Client, msg: dict[str, Any], fds: list[int] | None = None) -> None:
         frame = P.encode(msg)
@@ -441,11 +386,15 @@ class Server:
             self._want_write(client, True)
 
     def _flush(self, client: Client, block: bool = False) -> None:
+        deadline = time.monotonic() + FLUSH_BLOCK_S
         while client.out and not client.closed:
             try:
                 n = client.sock.send(client.out)
             except (BlockingIOError, InterruptedError):
                 if block:
+                    if time.monotonic() > deadline:
+                        self._drop(client, "not reading its replies")
+                        return
                     select.select([], [client.sock], [], 0.05)
                     continue
                 self._want_write(client, True)
@@ -489,330 +438,10 @@ class Server:
         client.sock.close()
         self.clients.pop(client.id, None)
 
-    # -- argument helpers -------------------------------------------------------------------
-    @staticmethod
-    def _keys(msg: dict[str, Any], field: str = "keys") -> list[bytes]:
-        keys = msg.get(field)
-        if not isinstance(keys, list):
-            raise BadRequest(f"{field!r} must be a list of byte strings")
-        if len(keys) > P.MAX_BATCH:
-            raise BadRequest(f"at most {P.MAX_BATCH} keys per request")
-        maxlen = P.MAX_KEY_LEN
-        for k in keys:
-            if type(k) is not bytes or not 0 < len(k) <= maxlen:
-                try:
-                    P.check_key(k)
-                except ValueError as exc:
-                    raise BadRequest(str(exc)) from None
-        return keys
-
-    @staticmethod
-    def _ints(msg: dict[str, Any], field: str) -> list[int]:
-        vals = msg.get(field)
-        if not isinstance(vals, list) or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in vals
-        ):
-            raise BadRequest(f"{field!r} must be a list of integers")
-        if len(vals) > P.MAX_BATCH:
-            raise BadRequest(f"at most {P.MAX_BATCH} items per request")
-        return vals
-
-    def ikeys(self, client: Client, keys: list[bytes]) -> list[bytes]:
-        prefix = client.ns_id.to_bytes(2, "big")
-        return [prefix + k for k in keys]
-
-    # -- ops --------------------------------------------------------------------------------
-    def op_ping(self, client: Client, msg: dict[str, Any]) -> Reply:
-        return {"pong": True, "server_version": __version__}
-
-    def op_hello(self, client: Client, msg: dict[str, Any]) -> Reply:
-        assert self.store is not None and self.arena is not None
-        versions = msg.get("versions", [P.PROTOCOL_VERSION])
-        if not isinstance(versions, list) or not all(isinstance(v, int) for v in versions):
-            raise BadRequest("'versions' must be a list of integers")
-        common = sorted(set(versions) & set(range(P.MIN_PROTOCOL_VERSION, P.PROTOCOL_VERSION + 1)))
-        if not common:
-            raise BadRequest(
-                f"no common protocol version: client speaks {versions}, daemon speaks "
-                f"{P.MIN_PROTOCOL_VERSION}..{P.PROTOCOL_VERSION}",
-                "version",
-            )
-        namespace = msg.get("namespace", "")
-        if not isinstance(namespace, str) or len(namespace) > 1024:
-            raise BadRequest("'namespace' must be a string of at most 1024 characters")
-        info: dict[str, Any] = {}
-        for field, typ in (
-            ("name", str),
-            ("pid", int),
-            ("role", str),
-            ("model", str),
-            ("hash_settings", dict),
-            ("hash_fingerprint", str),
-            ("chunk_tokens", int),
-            ("data_path", str),
-        ):
-            value = msg.get(field)
-            if value is not None:
-                if not isinstance(value, typ):
-                    raise BadRequest(f"{field!r} must be a {typ.__name__}")
-                info[field] = value
-        client.info = info
-        client.namespace = namespace
-        try:
-            client.ns_id = self.store.ns_id(namespace)
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
-        client.hello = True
-        reply: dict[str, Any] = {
-            "version": common[-1],
-            "server_version": __version__,
-            "client_id": client.id,
-            "arena_size": self.arena.capacity,
-            "long_tier": self.cfg.long_backend,
-        }
-        if msg.get("want_arena", True):
-            reply["arena_fd"] = True
-            reply["_fds"] = [self.arena.fd]
-        return reply
-
-    def op_put(self, client: Client, msg: dict[str, Any]) -> Reply:
-        store = self.store
-        assert store is not None
-        keys = self._keys(msg)
-        lengths = self._ints(msg, "lengths")
-        if len(lengths) != len(keys):
-            raise BadRequest("'keys' and 'lengths' must have the same length")
-        retention = msg.get("retention", "long")
-        if retention not in P.RETENTION_CODE:
-            raise BadRequest(f"retention must be one of {', '.join(P.RETENTIONS)}")
-        code = P.RETENTION_CODE[retention]
-        overwrite = bool(msg.get("overwrite", False))
-        slots: list[Any] = []
-        for ikey, length in zip(self.ikeys(client, keys), lengths, strict=True):
-            if length < 0:
-                raise BadRequest("lengths must not be negative")
-            res = store.reserve(ikey, length, code, overwrite)
-            if res.chunk is None:
-                slots.append(res.error)
-                continue
-            token = client.next_token
-            client.next_token += 1
-            client.reservations[token] = res.chunk
-            slots.append([token, res.chunk.offset])
-        return {"slots": slots}
-
-    def op_seal(self, client: Client, msg: dict[str, Any]) -> Reply:
-        store = self.store
-        assert store is not None
-        tokens = self._ints(msg, "tokens")
-        sealed = 0
-        for token in tokens:
-            chunk = client.reservations.pop(token, None)
-            if chunk is None:
-                continue
-            if store.seal(chunk):
-                sealed += 1
-        if msg.get("noreply"):
-            return None
-        return {"sealed": sealed}
-
-    def op_abort(self, client: Client, msg: dict[str, Any]) -> Reply:
-        store = self.store
-        assert store is not None
-        n = 0
-        for token in self._ints(msg, "tokens"):
-            chunk = client.reservations.pop(token, None)
-            if chunk is not None:
-                store.abort(chunk)
-                n += 1
-        return None if msg.get("noreply") else {"aborted": n}
-
-    def op_get(self, client: Client, msg: dict[str, Any]) -> Reply:
-        store = self.store
-        assert store is not None
-        keys = self._keys(msg)
-        ikeys = self.ikeys(client, keys)
-        fetch = getattr(self.long, "fetch", None)
-        if fetch is not None and not msg.get("_resumed"):
-            # RAM misses the long tier holds are read into the arena by its threads; the reply
-            # waits for them (see resume), the loop does not.
-            index = store.index
-            if any(k not in index for k in ikeys) and fetch(
-                ikeys, lambda: self.resume(client, msg, self.op_get)
-            ):
-                return None
-        items: list[Any] = []
-        hits = 0
-        for ikey in ikeys:
-            chunk = store.find(ikey)
-            if chunk is None and self.long is not None:
-                chunk = self.long.promote(ikey)
-            if chunk is None:
-                items.append(None)
-                continue
-            store.lease(chunk)
-            token = client.next_token
-            client.next_token += 1
-            client.leases[token] = chunk
-            items.append([token, chunk.offset, chunk.length])
-            hits += 1
-        c = store.c
-        c["gets_total"] += len(keys)
-        c["hits_total"] += hits
-        c["misses_total"] += len(keys) - hits
-        if self.long is not None:
-            self.long.count_get(len(keys), hits)
-        return {"items": items}
-
-    def op_release(self, client: Client, msg: dict[str, Any]) -> Reply:
-        store = self.store
-        assert store is not None
-        n = 0
-        for token in self._ints(msg, "leases"):
-            chunk = client.leases.pop(token, None)
-            if chunk is not None:
-                store.release(chunk)
-                n += 1
-        return None if msg.get("noreply") else {"released": n}
-
-    def op_lookup(self, client: Client, msg: dict[str, Any]) -> Reply:
-        store = self.store
-        assert store is not None
-        keys = self._keys(msg)
-        hold = msg.get("hold_ms", 0)
-        if not isinstance(hold, int | float) or hold < 0 or hold > 600_000:
-            raise BadRequest("'hold_ms' must be a number between 0 and 600000")
-        ikeys = self.ikeys(client, keys)
-        count, _ = store.count_present(ikeys, hold / 1000.0)
-        if count < len(ikeys) and self.long is not None:
-            # the rest may be on the long tier (a RAM miss in the middle continues there)
-            for ikey in ikeys[count:]:
-                chunk = store.find(ikey)
-                if chunk is not None:
-                    store.touch(chunk)
-                    if hold:
-                        store.hold(chunk, hold / 1000.0)
-                elif not self.long.contains(ikey):
-                    break
-                count += 1
-        c = store.c
-        c["lookups_total"] += 1
-        c["lookup_keys_total"] += len(keys)
-        c["lookup_hit_keys_total"] += count
-        reply: dict[str, Any] = {"count": count}
-        if self.long is not None and self.long.loading:
-            reply["loading"] = True
-        return reply
-
-    def op_delete(self, client: Client, msg: dict[str, Any]) -> Reply:
-        store = self.store
-        assert store is not None
-        ikeys = self.ikeys(client, self._keys(msg))
-        n = store.delete(ikeys)
-        if self.long is not None:
-            n = max(n, self.long.delete(ikeys))
-        return {"deleted": n}
-
-    def op_prewarm(self, client: Client, msg: dict[str, Any]) -> Reply:
-        keys = self._keys(msg)
-        if self.long is None:
-            raise BadRequest(
-                "PREWARM needs a long tier: start the daemon with --long-path/--long-bytes", "unsupported"
-            )
-        queued = self.long.prewarm(self.ikeys(client, keys))
-        return {"queued": queued}
-
-    def op_report(self, client: Client, msg: dict[str, Any]) -> Reply:
-        report = msg.get("report")
-        if not isinstance(report, dict):
-            raise BadRequest("'report' must be a map")
-        counters = report.get("counters", {})
-        if not isinstance(counters, dict) or not all(
-            isinstance(k, str) and isinstance(v, int | float) for k, v in counters.items()
-        ):
-            raise BadRequest("'report.counters' must map names to numbers")
-        clean: dict[str, Any] = {"counters": counters}
-        for field in ("data_path", "fallback_reason", "requested_path"):
-            value = report.get(field)
-            if value is not None:
-                if not isinstance(value, str):
-                    raise BadRequest(f"'report.{field}' must be a string")
-                clean[field] = value[:500]
-        clean["fallback"] = bool(report.get("fallback", False))
-        if clean["fallback"] and not client.report.get("fallback"):
-            log.warning(
-                "client %d (%s, pid %s) fell back to %s: %s",
-                client.id,
-                client.info.get("name", "?"),
-                client.info.get("pid", client.peer_pid),
-                clean.get("data_path", "?"),
-                clean.get("fallback_reason", "no reason given"),
-            )
-        client.report = clean
-        return None if msg.get("noreply") else {}
-
-    def op_stats(self, client: Client, msg: dict[str, Any]) -> Reply:
-        self.refresh_snapshot()
-        return {"stats": self.snapshot_cache}
-
     # -- stats ------------------------------------------------------------------------------
     def refresh_snapshot(self) -> None:
-        if self.store is None:
-            return
-        snap = self.store.snapshot()
-        clients = [c.public() for c in self.clients.values() if c.hello]
-        snap.update(
-            {
-                "version": __version__,
-                "protocol": P.PROTOCOL_VERSION,
-                "pid": os.getpid(),
-                "socket": self.cfg.socket,
-                "uptime_s": round(time.time() - self.started, 1),
-                "connections_total": self.connections_total,
-                "refused_total": self.refused_total,
-                "protocol_errors_total": self.protocol_errors_total,
-                "clients_connected": len(clients),
-                "clients": clients,
-                "namespaces": sorted({c["namespace"] for c in clients}),
-                "long_backend": self.cfg.long_backend,
-                "warnings": hash_warnings(clients),
-            }
-        )
-        tiers: dict[str, Any] = {
-            "ram": {
-                "hits": snap["hits_total"],
-                "misses": snap["misses_total"],
-                "bytes_read": snap["bytes_out_total"],
-                "bytes_written": snap["bytes_in_total"],
-                "chunks": snap["chunks"],
-                "bytes_used": snap["arena_bytes_used"],
-                "capacity": snap["arena_bytes_capacity"],
-                "evictions": snap["evictions_total"],
-            }
-        }
-        if self.long is not None:
-            tiers["long"] = self.long.stats()
-        snap["tiers"] = tiers
-        self.snapshot_cache = snap
-
-
-def hash_warnings(clients: list[dict[str, Any]]) -> list[str]:
-    """Warn when clients serving the same model declare different hash settings (their keys never meet)."""
-    by_model: dict[str, dict[str, list[str]]] = {}
-    for c in clients:
-        model = c.get("model")
-        fp = c.get("hash_fingerprint")
-        if not model or not fp:
-            continue
-        by_model.setdefault(model, {}).setdefault(fp, []).append(f"pid {c.get('pid')}")
-    out = []
-    for model, fps in sorted(by_model.items()):
-        if len(fps) > 1:
-            parts = "; ".join(f"{fp}: {', '.join(pids)}" for fp, pids in sorted(fps.items()))
-            out.append(
-                f"engines of model {model} disagree on hash settings, so they never share chunks ({parts})"
-            )
-    return out
+        if self.store is not None:
+            self.snapshot_cache = build_snapshot(self)
 
 
 def _read_pid(path: str) -> int | None:

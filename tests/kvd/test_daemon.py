@@ -314,3 +314,14 @@ def test_demo_runs_end_to_end() -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "8 verified byte for byte" in out.stdout and "demo passed" in out.stdout
+
+
+def test_prefault_commits_the_arena_in_the_background(start_daemon: Callable[..., Daemon]) -> None:
+    d = start_daemon("--max-bytes", "32M", "--prefault")
+    deadline = time.monotonic() + 10
+    while "arena prefaulted" not in d.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "arena prefaulted: 32 MiB" in d.log()
+    with d.client() as c:
+        assert c.put(b"k", b"v") and c.get(b"k") == b"v"
+    assert d.stop() == 0

@@ -1,0 +1,304 @@
+"""The request handlers of the daemon, one method per protocol op (docs/protocol.md).
+
+They run on the loop thread only. A handler returns the reply map, or None when the request has
+no reply (``noreply``) or its reply will come later through ``Server.resume`` (a long tier is
+reading the data). Bad input raises :class:`BadRequest`, which becomes a typed error reply.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from infera import __version__
+from infera.kvd import protocol as P
+from infera.kvd.conn import BadRequest, Client, Reply
+
+if TYPE_CHECKING:
+    from infera.kvd.arena import Arena
+    from infera.kvd.config import DaemonConfig
+    from infera.kvd.store import Store
+
+log = logging.getLogger("infera.kvd")
+
+
+class Ops:
+    """Mixin of the op handlers; :class:`infera.kvd.server.Server` provides the state."""
+
+    cfg: DaemonConfig
+    store: Store | None
+    arena: Arena | None
+    long: Any
+    snapshot_cache: dict[str, Any]
+
+    def refresh_snapshot(self) -> None:  # provided by Server
+        raise NotImplementedError
+
+    def resume(self, client: Client, msg: dict[str, Any], handler: Any) -> None:  # provided by Server
+        raise NotImplementedError
+
+    # -- argument helpers -------------------------------------------------------------------
+    @staticmethod
+    def _keys(msg: dict[str, Any], field: str = "keys") -> list[bytes]:
+        keys = msg.get(field)
+        if not isinstance(keys, list):
+            raise BadRequest(f"{field!r} must be a list of byte strings")
+        if len(keys) > P.MAX_BATCH:
+            raise BadRequest(f"at most {P.MAX_BATCH} keys per request")
+        maxlen = P.MAX_KEY_LEN
+        for k in keys:
+            if type(k) is not bytes or not 0 < len(k) <= maxlen:
+                try:
+                    P.check_key(k)
+                except ValueError as exc:
+                    raise BadRequest(str(exc)) from None
+        return keys
+
+    @staticmethod
+    def _ints(msg: dict[str, Any], field: str) -> list[int]:
+        vals = msg.get(field)
+        if not isinstance(vals, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in vals
+        ):
+            raise BadRequest(f"{field!r} must be a list of integers")
+        if len(vals) > P.MAX_BATCH:
+            raise BadRequest(f"at most {P.MAX_BATCH} items per request")
+        return vals
+
+    def ikeys(self, client: Client, keys: list[bytes]) -> list[bytes]:
+        prefix = client.ns_id.to_bytes(2, "big")
+        return [prefix + k for k in keys]
+
+    # -- ops --------------------------------------------------------------------------------
+    def op_ping(self, client: Client, msg: dict[str, Any]) -> Reply:
+        return {"pong": True, "server_version": __version__}
+
+    def op_hello(self, client: Client, msg: dict[str, Any]) -> Reply:
+        assert self.store is not None and self.arena is not None
+        versions = msg.get("versions", [P.PROTOCOL_VERSION])
+        if not isinstance(versions, list) or not all(isinstance(v, int) for v in versions):
+            raise BadRequest("'versions' must be a list of integers")
+        common = sorted(set(versions) & set(range(P.MIN_PROTOCOL_VERSION, P.PROTOCOL_VERSION + 1)))
+        if not common:
+            raise BadRequest(
+                f"no common protocol version: client speaks {versions}, daemon speaks "
+                f"{P.MIN_PROTOCOL_VERSION}..{P.PROTOCOL_VERSION}",
+                "version",
+            )
+        namespace = msg.get("namespace", "")
+        if not isinstance(namespace, str) or len(namespace) > 1024:
+            raise BadRequest("'namespace' must be a string of at most 1024 characters")
+        info: dict[str, Any] = {}
+        for field, typ in (
+            ("name", str),
+            ("pid", int),
+            ("role", str),
+            ("model", str),
+            ("hash_settings", dict),
+            ("hash_fingerprint", str),
+            ("chunk_tokens", int),
+            ("data_path", str),
+        ):
+            value = msg.get(field)
+            if value is not None:
+                if not isinstance(value, typ):
+                    raise BadRequest(f"{field!r} must be a {typ.__name__}")
+                info[field] = value
+        client.info = info
+        client.namespace = namespace
+        try:
+            client.ns_id = self.store.ns_id(namespace)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        client.hello = True
+        reply: dict[str, Any] = {
+            "version": common[-1],
+            "server_version": __version__,
+            "client_id": client.id,
+            "arena_size": self.arena.capacity,
+            "long_tier": self.cfg.long_backend,
+        }
+        if msg.get("want_arena", True):
+            reply["arena_fd"] = True
+            reply["_fds"] = [self.arena.fd]
+        return reply
+
+    def op_put(self, client: Client, msg: dict[str, Any]) -> Reply:
+        store = self.store
+        assert store is not None
+        keys = self._keys(msg)
+        lengths = self._ints(msg, "lengths")
+        if len(lengths) != len(keys):
+            raise BadRequest("'keys' and 'lengths' must have the same length")
+        retention = msg.get("retention", "long")
+        if retention not in P.RETENTION_CODE:
+            raise BadRequest(f"retention must be one of {', '.join(P.RETENTIONS)}")
+        code = P.RETENTION_CODE[retention]
+        overwrite = bool(msg.get("overwrite", False))
+        slots: list[Any] = []
+        for ikey, length in zip(self.ikeys(client, keys), lengths, strict=True):
+            if length < 0:
+                raise BadRequest("lengths must not be negative")
+            res = store.reserve(ikey, length, code, overwrite)
+            if res.chunk is None:
+                slots.append(res.error)
+                continue
+            token = client.next_token
+            client.next_token += 1
+            client.reservations[token] = res.chunk
+            slots.append([token, res.chunk.offset])
+        return {"slots": slots}
+
+    def op_seal(self, client: Client, msg: dict[str, Any]) -> Reply:
+        store = self.store
+        assert store is not None
+        tokens = self._ints(msg, "tokens")
+        sealed = 0
+        for token in tokens:
+            chunk = client.reservations.pop(token, None)
+            if chunk is None:
+                continue
+            if store.seal(chunk):
+                sealed += 1
+        if msg.get("noreply"):
+            return None
+        return {"sealed": sealed}
+
+    def op_abort(self, client: Client, msg: dict[str, Any]) -> Reply:
+        store = self.store
+        assert store is not None
+        n = 0
+        for token in self._ints(msg, "tokens"):
+            chunk = client.reservations.pop(token, None)
+            if chunk is not None:
+                store.abort(chunk)
+                n += 1
+        return None if msg.get("noreply") else {"aborted": n}
+
+    def op_get(self, client: Client, msg: dict[str, Any]) -> Reply:
+        store = self.store
+        assert store is not None
+        keys = self._keys(msg)
+        ikeys = self.ikeys(client, keys)
+        fetch = getattr(self.long, "fetch", None)
+        if fetch is not None and not msg.get("_resumed"):
+            # RAM misses the long tier holds are read into the arena by its threads; the reply
+            # waits for them (see resume), the loop does not.
+            index = store.index
+            if any(k not in index for k in ikeys) and fetch(
+                ikeys, lambda: self.resume(client, msg, self.op_get)
+            ):
+                return None
+        items: list[Any] = []
+        hits = 0
+        for ikey in ikeys:
+            chunk = store.find(ikey)
+            if chunk is None and self.long is not None:
+                chunk = self.long.promote(ikey)
+            if chunk is None:
+                items.append(None)
+                continue
+            store.lease(chunk)
+            token = client.next_token
+            client.next_token += 1
+            client.leases[token] = chunk
+            items.append([token, chunk.offset, chunk.length])
+            hits += 1
+        c = store.c
+        c["gets_total"] += len(keys)
+        c["hits_total"] += hits
+        c["misses_total"] += len(keys) - hits
+        if self.long is not None:
+            self.long.count_get(len(keys), hits)
+        return {"items": items}
+
+    def op_release(self, client: Client, msg: dict[str, Any]) -> Reply:
+        store = self.store
+        assert store is not None
+        n = 0
+        for token in self._ints(msg, "leases"):
+            chunk = client.leases.pop(token, None)
+            if chunk is not None:
+                store.release(chunk)
+                n += 1
+        return None if msg.get("noreply") else {"released": n}
+
+    def op_lookup(self, client: Client, msg: dict[str, Any]) -> Reply:
+        store = self.store
+        assert store is not None
+        keys = self._keys(msg)
+        hold = msg.get("hold_ms", 0)
+        if not isinstance(hold, int | float) or hold < 0 or hold > 600_000:
+            raise BadRequest("'hold_ms' must be a number between 0 and 600000")
+        ikeys = self.ikeys(client, keys)
+        count, _ = store.count_present(ikeys, hold / 1000.0)
+        if count < len(ikeys) and self.long is not None:
+            # the rest may be on the long tier (a RAM miss in the middle continues there)
+            for ikey in ikeys[count:]:
+                chunk = store.find(ikey)
+                if chunk is not None:
+                    store.touch(chunk)
+                    if hold:
+                        store.hold(chunk, hold / 1000.0)
+                elif not self.long.contains(ikey):
+                    break
+                count += 1
+        c = store.c
+        c["lookups_total"] += 1
+        c["lookup_keys_total"] += len(keys)
+        c["lookup_hit_keys_total"] += count
+        reply: dict[str, Any] = {"count": count}
+        if self.long is not None and self.long.loading:
+            reply["loading"] = True
+        return reply
+
+    def op_delete(self, client: Client, msg: dict[str, Any]) -> Reply:
+        store = self.store
+        assert store is not None
+        ikeys = self.ikeys(client, self._keys(msg))
+        n = store.delete(ikeys)
+        if self.long is not None:
+            n = max(n, self.long.delete(ikeys))
+        return {"deleted": n}
+
+    def op_prewarm(self, client: Client, msg: dict[str, Any]) -> Reply:
+        keys = self._keys(msg)
+        if self.long is None:
+            raise BadRequest(
+                "PREWARM needs a long tier: start the daemon with --long-path/--long-bytes", "unsupported"
+            )
+        queued = self.long.prewarm(self.ikeys(client, keys))
+        return {"queued": queued}
+
+    def op_report(self, client: Client, msg: dict[str, Any]) -> Reply:
+        report = msg.get("report")
+        if not isinstance(report, dict):
+            raise BadRequest("'report' must be a map")
+        counters = report.get("counters", {})
+        if not isinstance(counters, dict) or not all(
+            isinstance(k, str) and isinstance(v, int | float) for k, v in counters.items()
+        ):
+            raise BadRequest("'report.counters' must map names to numbers")
+        clean: dict[str, Any] = {"counters": counters}
+        for field in ("data_path", "fallback_reason", "requested_path"):
+            value = report.get(field)
+            if value is not None:
+                if not isinstance(value, str):
+                    raise BadRequest(f"'report.{field}' must be a string")
+                clean[field] = value[:500]
+        clean["fallback"] = bool(report.get("fallback", False))
+        if clean["fallback"] and not client.report.get("fallback"):
+            log.warning(
+                "client %d (%s, pid %s) fell back to %s: %s",
+                client.id,
+                client.info.get("name", "?"),
+                client.info.get("pid", client.peer_pid),
+                clean.get("data_path", "?"),
+                clean.get("fallback_reason", "no reason given"),
+            )
+        client.report = clean
+        return None if msg.get("noreply") else {}
+
+    def op_stats(self, client: Client, msg: dict[str, Any]) -> Reply:
+        self.refresh_snapshot()
+        return {"stats": self.snapshot_cache}

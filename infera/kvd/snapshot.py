@@ -1,0 +1,75 @@
+"""The STATS snapshot: counters of the store, the server, each client and each tier."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from infera import __version__
+from infera.kvd import protocol as P
+
+if TYPE_CHECKING:
+    from infera.kvd.server import Server
+
+
+def build_snapshot(server: Server) -> dict[str, Any]:
+    """Everything ``kvd stat --json`` prints; refreshed by the loop once a second and on STATS."""
+    assert server.store is not None
+    snap = server.store.snapshot()
+    clients = [c.public() for c in server.clients.values() if c.hello]
+    snap.update(
+        {
+            "version": __version__,
+            "protocol": P.PROTOCOL_VERSION,
+            "pid": os.getpid(),
+            "socket": server.cfg.socket,
+            "uptime_s": round(time.time() - server.started, 1),
+            "connections_total": server.connections_total,
+            "refused_total": server.refused_total,
+            "protocol_errors_total": server.protocol_errors_total,
+            "clients_connected": len(clients),
+            "clients": clients,
+            "namespaces": sorted({c["namespace"] for c in clients}),
+            "long_backend": server.cfg.long_backend,
+            "warnings": hash_warnings(clients),
+        }
+    )
+    long = server.long.stats() if server.long is not None else None
+    # hits_total counts every GET hit; a hit the long tier served (promotion) is not a RAM hit.
+    long_hits = int(long.get("hits", 0)) if long else 0
+    tiers: dict[str, Any] = {
+        "ram": {
+            "hits": snap["hits_total"] - long_hits,
+            "misses": snap["misses_total"] + long_hits,
+            "bytes_read": snap["bytes_out_total"],
+            "bytes_written": snap["bytes_in_total"],
+            "chunks": snap["chunks"],
+            "bytes_used": snap["arena_bytes_used"],
+            "capacity": snap["arena_bytes_capacity"],
+            "evictions": snap["evictions_total"],
+        }
+    }
+    if long is not None:
+        tiers["long"] = long
+    snap["tiers"] = tiers
+    return snap
+
+
+def hash_warnings(clients: list[dict[str, Any]]) -> list[str]:
+    """Warn when clients serving the same model declare different hash settings (their keys never meet)."""
+    by_model: dict[str, dict[str, list[str]]] = {}
+    for c in clients:
+        model = c.get("model")
+        fp = c.get("hash_fingerprint")
+        if not model or not fp:
+            continue
+        by_model.setdefault(model, {}).setdefault(fp, []).append(f"pid {c.get('pid')}")
+    out = []
+    for model, fps in sorted(by_model.items()):
+        if len(fps) > 1:
+            parts = "; ".join(f"{fp}: {', '.join(pids)}" for fp, pids in sorted(fps.items()))
+            out.append(
+                f"engines of model {model} disagree on hash settings, so they never share chunks ({parts})"
+            )
+    return out
