@@ -38,6 +38,18 @@ def _minor(version: object) -> str:
     return ".".join(str(version or "?").split(".")[:2])
 
 
+def intended_role(w: Worker) -> str:
+    """The role a worker was meant to have: a mixed worker with a producer (consumer) child is a
+    prefill (decode) leg with the wrong top-level role."""
+    if w.role == "mixed":
+        child_roles = {c.get("kv_role") for c in w.connectors}
+        if "kv_producer" in child_roles:
+            return "prefill"
+        if "kv_consumer" in child_roles:
+            return "decode"
+    return w.role
+
+
 def findings(workers: list[Worker]) -> list[tuple[Status, str, str]]:
     """(status, problem, fix) for every trap among ``workers``."""
     out: list[tuple[Status, str, str]] = []
@@ -114,7 +126,7 @@ def findings(workers: list[Worker]) -> list[tuple[Status, str, str]]:
                     "run one vLLM version on every leg of a model",
                 )
             )
-        roles = {w.role for w in group}
+        roles = {intended_role(w) for w in group}  # a mis-set top-level role is reported above
         if "prefill" in roles and "decode" not in roles:
             out.append(
                 (

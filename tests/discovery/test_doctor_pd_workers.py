@@ -69,6 +69,7 @@ def test_a_prefill_registered_as_mixed_fails(etcd: Etcd) -> None:
     assert res.status is Status.FAIL
     assert "10.0.0.11:8001 looks like a prefill leg" in res.summary
     assert "registered as mixed (top-level kv_role kv_both)" in res.summary
+    assert "no prefill worker" not in res.summary, "the decode leg's partner is the mis-set prefill"
     assert res.fix and '"kv_role":"kv_producer"' in res.fix
     assert any(d.startswith("mixed org/m at http://10.0.0.11:8001") for d in res.details)
 
