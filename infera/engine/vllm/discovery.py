@@ -135,7 +135,7 @@ def advertise_host(args: argparse.Namespace, env: Any) -> tuple[str, str]:
         return str(env["VLLM_HOST_IP"]), "VLLM_HOST_IP"
     if (getattr(args, "host", None) or "") not in WILDCARDS:
         return str(args.host), "--host"
-    return socket.getfqdn() or socket.gethostname(), "the host name"
+    return socket.gethostname(), "the host name"
 
 
 def _vllm_version() -> str:
