@@ -248,3 +248,24 @@ def test_worker_without_daemon_reports_load_errors() -> None:
     )
     assert w.take_load_errors() == {2, 3, 4, 5}
     assert w.take_load_errors() == set()
+
+
+@pytest.mark.parametrize("stacked", [True, False])
+def test_scatter_of_consecutive_block_runs(stacked: bool) -> None:
+    if stacked:
+        buf = rand(2, B, 2, 4, 8)
+        caches = {n: buf[i] for i, n in enumerate(names(2))}
+    else:
+        caches = {n: rand(B, 2, 4, 8) for n in names(2)}
+    layout = KVLayout.from_caches(caches, B)
+    assert layout.batched is stacked
+    ids = [2, 3, 4, 0, 1]
+    out = torch.empty(layout.chunk_bytes(len(ids)), dtype=torch.uint8)
+    layout.gather(ids, out)
+    before = {n: t.clone() for n, t in caches.items()}
+    for t in caches.values():
+        t.zero_()
+    layout.scatter(ids, out, skip=1, stop=4)  # blocks 3, 4 (one run) and 0
+    for n, t in caches.items():
+        assert torch.equal(t[[3, 4, 0]], before[n][[3, 4, 0]])
+        assert not t[[1, 2, 5]].any()

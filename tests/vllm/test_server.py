@@ -1,6 +1,7 @@
 """``python -m infera.engine.vllm`` as the product doc runs it: the OpenAI server, the prewarm route,
 InferaKvdConnector as a ``kv_both`` child of a ``kv_producer`` MultiConnector, and a daemon with a
-disk long tier that restarts under the running engine.
+disk long tier that restarts under the running engine; after the restart a fresh engine process
+and the running server both get their hits back from disk.
 
 vLLM's ExampleConnector stands in for the transport child (MooncakeConnector needs RDMA/GPUs).
 """
@@ -19,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from engines import CONNECTOR, engine_env, prompt
+from engines import CONNECTOR, engine_env, prompt, run_engine
 
 from helpers import Daemon, free_port
 from infera.kvd.tiers import SUPPORTED
@@ -148,26 +149,32 @@ def wait_for(pred: Any, what: str, timeout: float = 30) -> None:
 
 
 @pytest.fixture(scope="module")
-def story(server: Server, kvd: Daemon) -> dict[str, Any]:
-    """Store three prompts, restart the daemon, prewarm one, then ask for all three again."""
+def story(server: Server, kvd: Daemon, tiny_model: str, module_tmp: Path) -> dict[str, Any]:
+    """Store three prompts through the server, restart the daemon, load one from a fresh engine
+    process, prewarm another through the route, then ask the server for both again."""
     out: dict[str, Any] = {}
     out["first"] = {"p5": server.complete(P5), "p6": server.complete(P6, "short"), "p7": server.complete(P7)}
-    wait_for(
-        lambda: (
-            stats(kvd)["tiers"]["long"]["queued_writes"] == 0 and stats(kvd)["tiers"]["long"]["chunks"] >= 5
-        ),
-        "disk writes",
-    )
+
+    def written() -> bool:
+        long = stats(kvd)["tiers"]["long"]
+        return bool(long["queued_writes"] == 0 and long["chunks"] >= 5)
+
+    wait_for(written, "disk writes")
     out["before_restart"] = stats(kvd)
     kvd.restart()
     assert server.http.post("/reset_prefix_cache").status_code == 200
+    fresh = run_engine(
+        tiny_model, [{"op": "generate", "name": "p5", "prompt": P5}], socket=kvd.socket, workdir=module_tmp
+    )
+    out["fresh"] = fresh["p5"]
+    out["after_fresh"] = stats(kvd)
     out["prewarm_p7"] = server.prewarm({"prompt": P7, "model": "tiny"}).json()
     out["prewarm_p6"] = server.prewarm({"prompt": P6}).json()
-    wait_for(lambda: stats(kvd)["chunks"] >= 2, "prewarmed chunks in RAM")
+    wait_for(lambda: stats(kvd)["chunks"] >= 5, "prewarmed chunks in RAM")
     out["after_prewarm"] = stats(kvd)
     out["second"] = {"p5": server.complete(P5), "p7": server.complete(P7)}
     out["after"] = stats(kvd)
-    return out  # fmt: skip
+    return out
 
 
 def test_entry_point_adds_recompute_policy_and_ignores_pd_flags(server: Server) -> None:
@@ -189,20 +196,33 @@ def test_short_retention_never_reaches_disk(story: dict[str, Any]) -> None:
     assert story["prewarm_p6"] == {"chunks": 2, "queued": 0, "namespace": story["prewarm_p7"]["namespace"]}
 
 
+def test_fresh_engine_hits_after_a_daemon_restart(story: dict[str, Any]) -> None:
+    fresh = story["fresh"]
+    assert fresh["external_hits"] == 3 * CHUNK
+    assert fresh["tokens"] == story["first"]["p5"]
+    after = story["after_fresh"]
+    assert after["tiers"]["long"]["hits"] >= 3, "the chunks came back from disk"
+    assert (after["sets_total"], after["gets_total"], after["hits_total"], after["misses_total"]) == (
+        0,
+        3,
+        3,
+        0,
+    )
+
+
 def test_prewarm_route_pulls_chunks_from_disk(story: dict[str, Any]) -> None:
     assert story["prewarm_p7"]["chunks"] == 2
     assert story["prewarm_p7"]["queued"] == 2
-    assert story["after_prewarm"]["chunks"] == 2
+    assert story["after_prewarm"]["chunks"] == 3 + 2
 
 
-def test_hits_survive_a_daemon_restart(story: dict[str, Any]) -> None:
+def test_running_engine_hits_after_a_daemon_restart(story: dict[str, Any]) -> None:
     assert story["second"]["p5"] == story["first"]["p5"]
     assert story["second"]["p7"] == story["first"]["p7"]
     after = story["after"]
-    assert after["gets_total"] == 5, "3 chunks of P5 and 2 of P7 were loaded through the daemon"
-    assert after["hits_total"] == 5
+    assert after["gets_total"] == 3 + 3 + 2, "P5 by the fresh engine and the server, P7 by the server"
+    assert after["hits_total"] == after["gets_total"]
     assert after["misses_total"] == 0
-    assert after["tiers"]["long"]["hits"] >= 3, "P5 came back from disk"
 
 
 def test_external_hits_reach_the_engine_metrics(server: Server, story: dict[str, Any]) -> None:

@@ -188,14 +188,34 @@ class KVLayout:
             raise LayoutError(f"payload of {src.numel()} bytes, expected {self.chunk_bytes(nb)}")
         if not 0 <= skip < stop <= nb:
             raise LayoutError(f"blocks {skip}..{stop} outside a {nb}-block chunk")
-        idx = self._index(block_ids[skip:stop])
+        self._index(block_ids[skip:stop])  # bounds check
         if self.device != src.device:
             src = src.to(self.device)
+        # One copy per run of consecutive block ids (index_copy_ runs element-wise and measured
+        # 25x slower than a strided copy_ on this CPU).
+        runs = _runs(block_ids, skip, stop)
         if self.stacked is not None:
-            self.stacked.index_copy_(1, idx, src.view(len(self.layers), nb, -1)[:, skip:stop])
+            payload = src.view(len(self.layers), nb, -1)
+            for first, start, length in runs:
+                self.stacked[:, first : first + length].copy_(payload[:, start : start + length])
             return
         pos = 0
         for lb in self.layers:
             size = nb * lb.page_bytes
-            lb.view.index_copy_(0, idx, src[pos : pos + size].view(nb, lb.page_bytes)[skip:stop])
+            payload = src[pos : pos + size].view(nb, lb.page_bytes)
+            for first, start, length in runs:
+                lb.view[first : first + length].copy_(payload[start : start + length])
             pos += size
+
+
+def _runs(block_ids: list[int], skip: int, stop: int) -> list[tuple[int, int, int]]:
+    """``(first block id, index in the chunk, length)`` for each run of consecutive ids."""
+    runs: list[tuple[int, int, int]] = []
+    for i in range(skip, stop):
+        b = block_ids[i]
+        if runs and runs[-1][0] + runs[-1][2] == b:
+            first, start, length = runs[-1]
+            runs[-1] = (first, start, length + 1)
+        else:
+            runs.append((b, i, 1))
+    return runs

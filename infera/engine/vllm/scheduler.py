@@ -92,7 +92,10 @@ class SchedulerHalf:
         st = self._track(request)
         st.local_tokens = num_computed_tokens
         loadable = min(len(st.hashes), max(0, int(request.num_tokens) - 1) // self.chunk_tokens)
-        st.found = self._lookup(st.hashes)
+        # Hold found chunks against eviction only when some of them may be loaded.
+        st.found = self._lookup(
+            st.hashes, HOLD_MS if loadable * self.chunk_tokens > num_computed_tokens else 0
+        )
         self.counters["query_tokens"] += max(0, int(request.num_tokens) - num_computed_tokens)
         hit = min(st.found, loadable) * self.chunk_tokens - num_computed_tokens
         if hit <= 0:
@@ -180,13 +183,13 @@ class SchedulerHalf:
         self.reqs[request.request_id] = st
         return st
 
-    def _lookup(self, hashes: list[bytes]) -> int:
+    def _lookup(self, hashes: list[bytes], hold_ms: int) -> int:
         if not hashes or self.link is None:
             return 0
         keys = lookup_keys(self.ns.digest, hashes, self.ranks)
         self.counters["lookups"] += 1
         try:
-            count = self.link.call(lambda c: c.lookup(keys, hold_ms=HOLD_MS))
+            count = self.link.call(lambda c: c.lookup(keys, hold_ms=hold_ms))
         except KvdClientError:
             self.counters["lookup_errors"] += 1
             return 0
