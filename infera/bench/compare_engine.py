@@ -1,0 +1,119 @@
+"""The engine side of ``kvd bench compare``'s TTFT part: runs inside a Python that has vLLM.
+
+``python -m infera.bench.compare_engine SPEC.json`` builds (or reuses) the random-weight Llama of
+``kvd bench ttft``, starts one in-process vLLM engine with the spec's ``kv_transfer_config`` (or
+none), sends one warm-up request, then runs the spec's requests in order. Before each request the
+engine's own prefix cache is cleared, so whatever is not recomputed came through the connector.
+Time to first token is the wall time of a request for one output token. Prints ``RESULT {json}``;
+a failure to build the engine prints ``ENGINE-ERROR {json}`` with the exception, so the caller can
+report the exact error of a peer that cannot run here.
+
+Spec::
+
+    {"model": DIR, "hidden": N, "layers": N, "vocab": N, "kv_cache_bytes": N, "max_model_len": N,
+     "kv_transfer_config": {...} | null,
+     "requests": [{"name": "4096/hit", "tokens": 4096, "seed": 1, "retention": "long" | null,
+                   "reset": true}]}
+
+``reset: false`` keeps the engine's prefix cache (the request before it stays cached). The same ``tokens``/``seed`` pair gives the same prompt in every engine process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+def prompt_ids(tokens: int, seed: int, vocab: int) -> list[int]:
+    rng = random.Random(seed * 1_000_003 + tokens)
+    return [rng.randrange(3, vocab) for _ in range(tokens)]
+
+
+def _external_hits(llm: Any) -> float:
+    for m in llm.get_metrics():
+        if m.name == "vllm:external_prefix_cache_hits":
+            return float(getattr(m, "value", 0) or 0)
+    return 0.0
+
+
+def _error_line(stage: str, exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    return "ENGINE-ERROR " + json.dumps(
+        {"stage": stage, "type": type(exc).__name__, "message": str(exc)[:600], "where": where}
+    )
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    from infera.bench.ttft_engine import build_model
+
+    info = build_model(Path(spec["model"]), spec["hidden"], spec["layers"], spec["vocab"])
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    started = time.monotonic()
+    kw: dict[str, Any] = {}
+    if spec.get("kv_transfer_config"):
+        kw["kv_transfer_config"] = spec["kv_transfer_config"]
+    try:
+        llm = LLM(
+            model=spec["model"],
+            skip_tokenizer_init=True,
+            enable_prefix_caching=True,
+            max_model_len=int(spec["max_model_len"]),
+            max_num_seqs=1,
+            seed=0,
+            enforce_eager=True,
+            kv_cache_memory_bytes=int(spec["kv_cache_bytes"]),
+            disable_log_stats=False,
+            **kw,
+        )
+    except Exception as exc:
+        print(_error_line("engine start", exc), flush=True)
+        traceback.print_exc()
+        os._exit(3)
+    start_s = time.monotonic() - started
+    vocab = int(info["vocab"])
+
+    def request(ids: list[int], retention: str | None, reset: bool = True) -> dict[str, Any]:
+        extra = {"kv_transfer_params": {"infera_retention": retention}} if retention else None
+        sp = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, extra_args=extra)
+        if reset:
+            llm.reset_prefix_cache()
+        before = _external_hits(llm)
+        t = time.perf_counter()
+        out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)
+        took = time.perf_counter() - t
+        return {
+            "seconds": took,
+            "token": list(out[0].outputs[0].token_ids)[:1],
+            "cached_tokens": int(out[0].num_cached_tokens or 0),
+            "external_hits": _external_hits(llm) - before,
+        }
+
+    results: list[dict[str, Any]] = []
+    try:
+        request(prompt_ids(64, 999_999, vocab), "none")  # warm-up: first-call costs, nothing stored
+        for req in spec["requests"]:
+            ids = prompt_ids(int(req["tokens"]), int(req["seed"]), vocab)
+            res = request(ids, req.get("retention"), reset=bool(req.get("reset", True)))
+            res.update(name=req["name"], tokens=int(req["tokens"]))
+            results.append(res)
+            print("STEP " + json.dumps(res), flush=True)
+    except Exception as exc:
+        print(_error_line(f"request {len(results) + 1}", exc), flush=True)
+        traceback.print_exc()
+        os._exit(4)
+    print("RESULT " + json.dumps({"model": info, "engine_start_s": start_s, "requests": results}), flush=True)
+    os._exit(0)  # skip vLLM's slow interpreter teardown; everything is printed
+
+
+if __name__ == "__main__":
+    main()
