@@ -162,5 +162,41 @@ def compare(
     raise typer.Exit(code or 0)
 
 
+@bench_app.command("transfer")
+def transfer(
+    models: str = typer.Option("8b,70b,mla", "--models", help="Model shapes: 8b, 70b (TP4 share), mla."),
+    dtypes: str = typer.Option("bf16,fp8", "--dtypes", help="KV dtypes: bf16, fp8 (uint8 storage)."),
+    layouts: str = typer.Option(
+        "0.26,0.29", "--layouts", help="vLLM KV layouts: 0.26 (per layer), 0.29 (views)."
+    ),
+    chunk_mib: str = typer.Option(
+        "0.5,2,4,16,64", "--chunk-mib", help="Chunk sizes in MiB (rounded to blocks)."
+    ),
+    tokens: int = typer.Option(16384, "--tokens", help="Prompt tokens moved per round."),
+    repeat: int = typer.Option(3, "--repeat", help="Rounds per row after one warm-up (medians)."),
+    unregistered: bool = typer.Option(
+        True, "--unregistered/--no-unregistered", help="Add a row with the arena not registered."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    device: str = typer.Option("cuda", "--device", help="cuda, or cpu for a dry run of the code paths."),
+) -> None:
+    """GPU KV <-> daemon arena through the worker's real save/load code, vs the pinned copy ceiling."""
+    from infera.bench.transfer import run_transfer_bench
+    from infera.clikit import run_guarded
+
+    run_guarded(
+        run_transfer_bench,
+        models=models,
+        dtypes=dtypes,
+        layouts=layouts,
+        chunk_mib=chunk_mib,
+        tokens=tokens,
+        repeat=repeat,
+        unregistered=unregistered,
+        json_out=json_out,
+        device_name=device,
+    )
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(bench_app, name="bench")

@@ -50,7 +50,10 @@ TMP_SUFFIX = ".tmp"
 # Checksum algorithm ids. 0 is never valid; ids are never reused for another algorithm.
 ALGO_XXH3_64 = 1  # xxHash XXH3, 64-bit, seed 0 (default: ~20 GB/s on one core)
 ALGO_CRC32 = 2  # zlib CRC-32 (ISO-HDLC); needs nothing outside the standard library
-ALGO_NAMES = {ALGO_XXH3_64: "xxh3-64", ALGO_CRC32: "crc32"}
+ALGO_WSUM31 = 3  # position-weighted sums of 16-bit words mod 2^31-1: computable on a GPU
+ALGO_NAMES = {ALGO_XXH3_64: "xxh3-64", ALGO_CRC32: "crc32", ALGO_WSUM31: "wsum31"}
+WSUM_MOD = (1 << 31) - 1
+WSUM_PIECE = 1 << 17  # 16-bit words per piece: (i + 1) * h_i summed over a piece stays < 2^63
 
 # magic, version, header size, algo, retention, flags, payload length, payload checksum (16 bytes,
 # little-endian, zero padded), created (ns since the epoch), namespace digest, key length, key,
@@ -101,7 +104,50 @@ def checksum(algo: int, data: Buffer) -> int:
         return _xxh3_64(data)
     if algo == ALGO_CRC32:
         return zlib.crc32(data)
+    if algo == ALGO_WSUM31:
+        return wsum31(data)
     raise OtherVersion(f"unknown checksum algorithm id {algo}")
+
+
+def wsum_combine(s1: int, s2: int) -> int:
+    return (s1 % WSUM_MOD) << 32 | (s2 % WSUM_MOD)
+
+
+def wsum31(data: Buffer) -> int:
+    """Checksum id 3 (docs/chunk-format.md): the payload as little-endian 16-bit words ``h_i``
+    (a zero byte pads an odd length), ``S1 = sum(h_i)`` and ``S2 = sum((i + 1) * h_i)``, both mod
+    2^31 - 1, packed as ``S1 << 32 | S2``. Every product and partial sum fits in 64 bits, so the
+    GPU (torch, ``infera.engine.vllm.gpudirect``) and the CPU (numpy here) agree exactly."""
+    view = memoryview(data).cast("B")
+    if view.nbytes % 2:
+        view = memoryview(bytes(view) + b"\0")
+    if view.nbytes <= 1 << 16:
+        words = view.cast("H") if _little_endian() else None
+        if words is not None:
+            s1 = sum(words)
+            s2 = sum((i + 1) * h for i, h in enumerate(words))
+            return wsum_combine(s1, s2)
+    try:
+        import numpy as np
+    except ImportError:
+        raise OtherVersion("checksum wsum31 over large payloads needs numpy") from None
+    words_np = np.frombuffer(view, dtype="<u2")
+    w0 = np.arange(1, WSUM_PIECE + 1, dtype=np.int64)
+    s1 = s2 = 0
+    for start in range(0, words_np.size, WSUM_PIECE):
+        # sum((start + j + 1) * h_j) = start * sum(h) + sum((j + 1) * h_j): pieces of 2^17 words
+        # keep every partial sum below 2^63
+        h = words_np[start : start + WSUM_PIECE].astype(np.int64)
+        total = int(h.sum())
+        s1 += total
+        s2 += start * total + int(np.dot(w0[: h.size], h))
+    return wsum_combine(s1, s2)
+
+
+def _little_endian() -> bool:
+    import sys
+
+    return sys.byteorder == "little"
 
 
 # -- naming ---------------------------------------------------------------------------------
@@ -450,6 +496,7 @@ def read_header(path: str) -> ChunkHeader:
 __all__ = [
     "ALGO_CRC32",
     "ALGO_NAMES",
+    "ALGO_WSUM31",
     "ALGO_XXH3_64",
     "EXT",
     "FORMAT_VERSION",

@@ -147,6 +147,7 @@ class KvdClient:
         self.arena_size = int(reply["arena_size"])
         self.server_version = str(reply.get("server_version", ""))
         self.long_tier = reply.get("long_tier")
+        self.long_path: str | None = reply.get("long_path")
         self.client_id = int(reply.get("client_id", 0))
         if want_arena:
             if not fds:
@@ -282,16 +283,26 @@ class KvdClient:
         return stored
 
     def reserve(
-        self, keys: Sequence[bytes], lengths: Sequence[int], retention: str = "long", overwrite: bool = False
+        self,
+        keys: Sequence[bytes],
+        lengths: Sequence[int],
+        retention: str = "long",
+        overwrite: bool = False,
+        persisted: bool = False,
     ) -> list[tuple[int, int] | str]:
         """Low-level: reserve regions; each slot is ``(token, offset)`` or a reason string.
-        Fill ``client.arena[offset:offset+length]`` and then :meth:`seal` the tokens."""
+        Fill ``client.arena[offset:offset+length]`` and then :meth:`seal` the tokens.
+        ``persisted``: this client writes the long-tier files itself and :meth:`adopt`s them."""
+        fields: dict[str, Any] = {}
+        if persisted:
+            fields["persisted"] = True
         reply = self.request(
             "PUT",
             keys=[P.check_key(k) for k in keys],
             lengths=list(lengths),
             retention=retention,
             overwrite=overwrite,
+            **fields,
         )
         return [tuple(s) if isinstance(s, list) else s for s in reply["slots"]]  # type: ignore[misc]
 
@@ -345,10 +356,11 @@ class KvdClient:
             self.release([token])
         return length
 
-    def lease(self, keys: Sequence[bytes]) -> list[tuple[int, int, int] | None]:
+    def lease(self, keys: Sequence[bytes], ram_only: bool = False) -> list[tuple[int, int, int] | None]:
         """Low-level: lease chunks; each item is ``(lease, offset, length)`` or None. The region
-        stays valid until :meth:`release`."""
-        reply = self.request("GET", keys=list(keys))
+        stays valid until :meth:`release`. ``ram_only``: chunks only the long tier holds come
+        back as None instead of being read into RAM (the caller reads them itself)."""
+        reply = self.request("GET", keys=list(keys), **({"ram_only": True} if ram_only else {}))
         return [tuple(i) if i is not None else None for i in reply["items"]]  # type: ignore[misc]
 
     def release(self, leases: Iterable[int]) -> None:
@@ -372,6 +384,22 @@ class KvdClient:
     def prewarm(self, keys: Sequence[bytes]) -> int:
         """Ask the daemon to pull these chunks from the long tier into RAM in the background."""
         return int(self.request("PREWARM", keys=[P.check_key(k) for k in keys])["queued"])
+
+    def adopt(
+        self, keys: Sequence[bytes], lengths: Sequence[int], failed: Sequence[bytes] = ()
+    ) -> dict[str, int]:
+        """Tell the disk tier about chunk files this client wrote under its path (GPU-direct);
+        ``failed`` are chunks reserved with ``persisted`` that could not be written."""
+        reply = self.request(
+            "ADOPT",
+            keys=[P.check_key(k) for k in keys],
+            lengths=list(lengths),
+            failed=[P.check_key(k) for k in failed],
+        )
+        return {
+            "adopted": int(reply.get("adopted", 0)),
+            "written_through": int(reply.get("written_through", 0)),
+        }
 
     def stats(self) -> dict[str, Any]:
         return dict(self.request("STATS")["stats"])

@@ -8,6 +8,7 @@ reading the data). Bad input raises :class:`BadRequest`, which becomes a typed e
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 from infera import __version__
@@ -118,6 +119,8 @@ class Ops:
             "arena_size": self.arena.capacity,
             "long_tier": self.cfg.long_backend,
         }
+        if self.cfg.long_backend == "disk" and self.cfg.long_path:
+            reply["long_path"] = os.path.abspath(self.cfg.long_path)
         if msg.get("want_arena", True):
             reply["arena_fd"] = True
             reply["_fds"] = [self.arena.fd]
@@ -135,6 +138,8 @@ class Ops:
             raise BadRequest(f"retention must be one of {', '.join(P.RETENTIONS)}")
         code = P.RETENTION_CODE[retention]
         overwrite = bool(msg.get("overwrite", False))
+        # the caller writes the long-tier file itself (GPU-direct) and ADOPTs it: no write-through
+        persisted = bool(msg.get("persisted", False)) and self.long is not None
         slots: list[Any] = []
         for ikey, length in zip(self.ikeys(client, keys), lengths, strict=True):
             if length < 0:
@@ -143,6 +148,8 @@ class Ops:
             if res.chunk is None:
                 slots.append(res.error)
                 continue
+            if persisted:
+                res.chunk.on_long = True
             token = client.next_token
             client.next_token += 1
             client.reservations[token] = res.chunk
@@ -181,7 +188,10 @@ class Ops:
         keys = self._keys(msg)
         ikeys = self.ikeys(client, keys)
         fetch = getattr(self.long, "fetch", None)
-        if fetch is not None and not msg.get("_resumed"):
+        # ram_only: the caller reads long-tier misses itself (GPU-direct); no promotion, and
+        # what it will read is not counted as a miss here (it reports its own counters)
+        ram_only = bool(msg.get("ram_only", False))
+        if fetch is not None and not msg.get("_resumed") and not ram_only:
             # RAM misses the long tier holds are read into the arena by its threads; the reply
             # waits for them (see resume), the loop does not.
             index = store.index
@@ -191,8 +201,13 @@ class Ops:
                 return None
         items: list[Any] = []
         hits = 0
+        direct = 0
         for ikey in ikeys:
             chunk = store.find(ikey)
+            if chunk is None and ram_only and self.long is not None and self.long.contains(ikey):
+                items.append(None)
+                direct += 1
+                continue
             if chunk is None and self.long is not None:
                 chunk = self.long.promote(ikey)
             if chunk is None:
@@ -205,9 +220,11 @@ class Ops:
             items.append([token, chunk.offset, chunk.length])
             hits += 1
         c = store.c
-        c["gets_total"] += len(keys)
+        c["gets_total"] += len(keys) - direct
         c["hits_total"] += hits
-        c["misses_total"] += len(keys) - hits
+        c["misses_total"] += len(keys) - hits - direct
+        if direct:
+            c["gets_direct_total"] = c.get("gets_direct_total", 0) + direct
         if self.long is not None:
             self.long.count_get(len(keys), hits)
         return {"items": items}
@@ -298,6 +315,22 @@ class Ops:
             )
         client.report = clean
         return None if msg.get("noreply") else {}
+
+    def op_adopt(self, client: Client, msg: dict[str, Any]) -> Reply:
+        """Chunk files the client wrote itself under the disk tier's path (GPU-direct): index
+        them, so LOOKUP, capacity and eviction cover them. ``failed`` names chunks the client
+        reserved with ``persisted`` but could not write: the daemon writes those through."""
+        adopt = getattr(self.long, "adopt", None)
+        if adopt is None:
+            raise BadRequest("ADOPT needs the disk long tier (--long-path)", "unsupported")
+        keys = self._keys(msg)
+        lengths = self._ints(msg, "lengths")
+        if len(lengths) != len(keys) or any(n < 0 for n in lengths):
+            raise BadRequest("'keys' and 'lengths' must have the same length (lengths >= 0)")
+        failed = self._keys(msg, "failed") if msg.get("failed") else []
+        adopted = adopt(self.ikeys(client, keys), lengths)
+        rewritten = self.long.write_through(self.ikeys(client, failed)) if failed else 0
+        return None if msg.get("noreply") else {"adopted": adopted, "written_through": rewritten}
 
     def op_stats(self, client: Client, msg: dict[str, Any]) -> Reply:
         self.refresh_snapshot()

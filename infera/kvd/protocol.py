@@ -36,6 +36,7 @@ OPS = (
     "PREWARM",
     "REPORT",
     "PING",
+    "ADOPT",
 )
 
 # Typed error codes a reply may carry.

@@ -76,6 +76,7 @@ class Server(Ops):
             "STATS": self.op_stats,
             "PREWARM": self.op_prewarm,
             "REPORT": self.op_report,
+            "ADOPT": self.op_adopt,
         }
 
     # -- lifecycle --------------------------------------------------------------------------

@@ -25,14 +25,17 @@ class ConnectorEnv:
     """What the connector reads from the environment.
 
     ``chunk_tokens`` is None for ``auto``. ``ais`` is the GPU-direct request (``0``, ``1`` or
-    ``auto``); this build records it and sizes chunks for it, the GPU-direct read path itself is
-    a later piece of work.
+    ``auto``, see docs/gpu.md). ``gpu_staging_bytes`` bounds the GPU staging buffers of the GPU
+    copy path; ``register`` False skips registering the arena mapping with the GPU (diagnostics
+    and benchmarks only: copies then run at pageable-memory speed, reported as a fallback).
     """
 
     socket: str | None = None
     chunk_tokens: int | None = None
     ais: str = "0"
     hipfile_roots: dict[str, str] = field(default_factory=dict)
+    gpu_staging_bytes: int = 256 << 20
+    register: bool = True
 
     @property
     def gpu_direct_requested(self) -> bool:
@@ -79,6 +82,30 @@ def parse_roots(text: str | None) -> dict[str, str]:
     return roots
 
 
+def parse_staging_mb(text: str | None) -> int:
+    """``INFERA_KVD_GPU_STAGING_MB``: MiB of GPU staging for the GPU copy path (default 256)."""
+    if text is None or not text.strip():
+        return 256 << 20
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise UsageError(f"INFERA_KVD_GPU_STAGING_MB={text!r} is not a whole number of MiB") from None
+    if value < 1:
+        raise UsageError(f"INFERA_KVD_GPU_STAGING_MB must be at least 1 (got {value})")
+    return value << 20
+
+
+def parse_flag(name: str, text: str | None, default: bool) -> bool:
+    if text is None or not text.strip():
+        return default
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise UsageError(f"{name}={text!r} must be 0 or 1")
+
+
 def read_env(environ: dict[str, str] | None = None) -> ConnectorEnv:
     env = os.environ if environ is None else environ
     return ConnectorEnv(
@@ -86,6 +113,8 @@ def read_env(environ: dict[str, str] | None = None) -> ConnectorEnv:
         chunk_tokens=parse_chunk_tokens(env.get("INFERA_KVD_CHUNK_TOKENS")),
         ais=parse_ais(env.get("INFERA_KVD_AIS")),
         hipfile_roots=parse_roots(env.get("INFERA_KVD_HIPFILE_ROOTS")),
+        gpu_staging_bytes=parse_staging_mb(env.get("INFERA_KVD_GPU_STAGING_MB")),
+        register=parse_flag("INFERA_KVD_REGISTER", env.get("INFERA_KVD_REGISTER"), True),
     )
 
 

@@ -38,6 +38,7 @@ class DaemonLink:
         timeout_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         on_connect: Callable[[KvdClient], None] | None = None,
+        on_disconnect: Callable[[KvdClient], None] | None = None,
     ) -> None:
         self.socket_path = socket_path
         self.namespace = namespace
@@ -50,6 +51,7 @@ class DaemonLink:
         self.timeout_s = timeout_s
         self.clock = clock
         self.on_connect = on_connect
+        self.on_disconnect = on_disconnect
         self._client: KvdClient | None = None
         self._next_try = 0.0
         self._backoff = retry_initial_s
@@ -129,7 +131,7 @@ class DaemonLink:
         with self._lock:
             client, self._client = self._client, None
             if client is not None:
-                client.close()
+                self._closing(client)
             self._note_failure(exc, connecting=False)
 
     def _note_failure(self, exc: BaseException, connecting: bool) -> None:
@@ -171,8 +173,17 @@ class DaemonLink:
         except KvdClientError as exc:
             self.failed(exc)
 
+    def _closing(self, client: KvdClient) -> None:
+        """Let the owner finish with the client's arena mapping (GPU copies in flight), then close."""
+        if self.on_disconnect is not None:
+            try:
+                self.on_disconnect(client)
+            except Exception:
+                log.exception("infera-kvd %s: cleanup before closing the connection failed", self.role)
+        client.close()
+
     def close(self) -> None:
         with self._lock:
             client, self._client = self._client, None
         if client is not None:
-            client.close()
+            self._closing(client)

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+except ImportError:  # the worker's copy code also runs without vLLM (kvd bench transfer)
+
+    class KVConnectorMetadata:  # type: ignore[no-redef]
+        """Stand-in for vLLM's base class when vLLM is not installed."""
 
 
 @dataclass

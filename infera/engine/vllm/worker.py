@@ -6,12 +6,17 @@ straight from the arena into the engine's blocks, one RELEASE. Saves run in ``wa
 after the forward pass wrote the KV: one PUT (reserve) per retention class, one gather per chunk
 straight into the reserved arena region, one SEAL. No staging copies on the CPU path.
 
+KV on a GPU takes :mod:`infera.engine.vllm.gpu` instead (registered arena, side streams, one DMA
+per chunk through GPU staging; RELEASE and SEAL once the DMAs completed), and, when asked for
+and available, GPU-direct file reads and writes (:mod:`infera.engine.vllm.gdpath`).
+
 A chunk that cannot be loaded (gone, wrong size, daemon down) becomes a load error for its blocks,
 which vLLM recomputes. Nothing here raises into vLLM.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import Counter
@@ -19,12 +24,14 @@ from typing import Any
 
 import torch
 
-from infera.engine.vllm import formats
+from infera.engine.vllm import formats, gpudirect
 from infera.engine.vllm.config import ConnectorEnv
+from infera.engine.vllm.gdpath import GdPath
+from infera.engine.vllm.gpu import ArenaPin, GpuCopier, LoadItem, SaveItem
 from infera.engine.vllm.keys import Namespace, chunk_key
 from infera.engine.vllm.layout import KVLayout, LayoutError
 from infera.engine.vllm.link import DaemonLink
-from infera.engine.vllm.metadata import InferaKvdMetadata, RequestJob
+from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
 from infera.kvd.client import KvdClient, KvdClientError, KvdUnavailable
 
 log = logging.getLogger("infera.engine.vllm")
@@ -44,6 +51,7 @@ class WorkerHalf:
         blockers: list[formats.LayerFormat],
         num_blocks: int | None,
         block_size: int,
+        gpu_path_on_cpu: bool = False,
     ) -> None:
         self.ns = namespace
         self.env = env
@@ -52,6 +60,7 @@ class WorkerHalf:
         self.saves_here = not replicated or rank == 0
         self.link = link
         link.on_connect = self._on_connect
+        link.on_disconnect = self._on_disconnect
         self.blockers = blockers
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -62,6 +71,13 @@ class WorkerHalf:
         self.counters: Counter[str] = Counter()
         self._warned: set[str] = set()
         self._last_report = 0.0
+        self.gpu: GpuCopier | None = None
+        self.gpu_error: str | None = None
+        self.pin = ArenaPin(enabled=env.register)
+        self.gd: GdPath | None = None
+        self.gd_sel: gpudirect.Selection | None = None
+        # tests and dry runs: run the GPU copy path's code on CPU tensors (synchronous stand-ins)
+        self.gpu_path_on_cpu = gpu_path_on_cpu
 
     # -- registration ------------------------------------------------------------------------
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -89,20 +105,81 @@ class WorkerHalf:
             self.layout.chunk_bytes(self.ns.chunk_tokens // self.block_size),
             self.ns.name,
         )
-        if self.env.gpu_direct_requested:
-            log.warning(
-                "infera-kvd: INFERA_KVD_AIS=%s asks for GPU-direct reads, which this build does not "
-                "have yet; using the arena path",
-                self.env.ais,
-            )
+        if self.layout.device.type != "cpu" or self.gpu_path_on_cpu:
+            self._setup_gpu(self.layout)
         self.link.client()
+        self._log_paths()
         self._report(force=True)
+
+    def _setup_gpu(self, layout: KVLayout) -> None:
+        bpc = max(1, self.ns.chunk_tokens // self.block_size)
+        try:
+            self.gpu = GpuCopier(layout, bpc, staging_bytes=self.env.gpu_staging_bytes)
+            log.info("infera-kvd: %s", self.gpu.describe())
+        except (RuntimeError, LayoutError) as exc:  # out of GPU memory for staging, odd layout
+            self.gpu_error = f"no GPU staging ({exc}); plain copies without side streams"
+            return
+        if not self.env.gpu_direct_requested:
+            return
+        self.gd_sel = gpudirect.select(
+            self.env.ais,
+            self.env.hipfile_roots,
+            device_type=layout.device.type,
+            rocm=getattr(torch.version, "hip", None) is not None,
+            chunk_bytes=self.gpu.chunk_bytes,
+        )
+        if self.gd_sel.active:
+            try:
+                self.gd = GdPath(self.gd_sel, self.gpu, self.ns.name)
+            except RuntimeError as exc:
+                self.gd_sel.reasons.append(f"no GPU memory for the write pool ({exc})")
+                self.gd_sel.api = None
+
+    def _log_paths(self) -> None:
+        if self.gpu_error:
+            log.warning("infera-kvd: %s", self.gpu_error)
+        if self.gpu is not None and not self.pin.pinned and self.arena is not None:
+            log.warning(
+                "infera-kvd: the arena is not registered with the GPU (%s); KV copies run at "
+                "pageable-memory speed, about a tenth of the link",
+                self.pin.error,
+            )
+        sel = self.gd_sel
+        if sel is not None and sel.fallback:
+            how = log.warning if sel.loud else log.info
+            reasons = "; ".join(self.gd.reasons() if self.gd else sel.reasons)
+            if sel.active:
+                how("infera-kvd: GPU-direct runs as %s: %s", sel.path_name, reasons)
+            else:
+                how(
+                    "infera-kvd: INFERA_KVD_AIS=%s: GPU-direct is off (%s); using the arena path",
+                    self.env.ais,
+                    reasons,
+                )
+        if self.gd is not None and not self.gd.active:
+            how = log.warning if sel is not None and sel.loud else log.info
+            how("infera-kvd: GPU-direct is off: %s; using the arena path", self.gd.daemon_reason)
 
     def _on_connect(self, client: KvdClient) -> None:
         self.arena = torch.frombuffer(client.arena, dtype=torch.uint8) if client.arena_size else None
+        if self.gpu is not None and self.arena is not None:
+            self.pin.attach(self.arena)
+        if self.gd is not None:
+            self.gd.connect(client)
+
+    def _on_disconnect(self, client: KvdClient) -> None:
+        """Nothing may still be copying into or out of the mapping when it goes away."""
+        if self.gpu is not None:
+            self.gpu.drain()
+            self.pin.detach()
+        if self.gd is not None:
+            self.gd.drain()
+        self.arena = None
 
     # -- loads -------------------------------------------------------------------------------
     def load(self, meta: InferaKvdMetadata) -> None:
+        if self.gpu is not None:
+            self.gpu.before_forward()
         if not meta.loads:
             return
         try:
@@ -116,14 +193,18 @@ class WorkerHalf:
             self._fail_all(jobs)
             return
         keys = [chunk_key(self.ns.digest, ch.chunk_hash, self.key_rank) for job in jobs for ch in job.chunks]
+        direct = self.gd is not None and self.gd.active
         try:
-            client, items = self.link.call(lambda c: (c, c.lease(keys)))
+            client, items = self.link.call(lambda c: (c, c.lease(keys, ram_only=direct)))
         except KvdClientError:
             self._fail_all(jobs)
             return
         arena = self.arena
         if arena is None:
             self._fail_all(jobs)
+            return
+        if self.gpu is not None:
+            self._load_gpu(jobs, keys, items, client, arena)
             return
         tokens: list[int] = []
         pos = 0
@@ -158,6 +239,67 @@ class WorkerHalf:
             if self.link.connected:
                 self.link.failed(exc)
 
+    def _load_gpu(
+        self,
+        jobs: list[RequestJob],
+        keys: list[bytes],
+        items: list[Any],
+        client: KvdClient,
+        arena: torch.Tensor,
+    ) -> None:
+        gpu = self.gpu
+        assert gpu is not None
+        started = time.perf_counter()
+        tokens: list[int] = []
+        ram: list[LoadItem] = []
+        files: list[tuple[bytes, ChunkJob, LoadItem]] = []
+        pos = 0
+        for job in jobs:
+            for ch in job.chunks:
+                key, item = keys[pos], items[pos]
+                pos += 1
+                if item is not None:
+                    tokens.append(item[0])
+                if not ch.chunk_hash or (item is None and self.gd is None):
+                    self._fail_chunk(ch.block_ids[ch.skip : ch.stop], "missing")
+                    continue
+                stop = len(ch.block_ids) if ch.stop is None else ch.stop
+                try:
+                    gpu.check(ch.block_ids, gpu.chunk_bytes if item is None else item[2])
+                except LayoutError as exc:
+                    self._warn_once(
+                        "load-layout", f"infera-kvd: a stored chunk does not fit this engine: {exc}"
+                    )
+                    self._fail_chunk(ch.block_ids[ch.skip : ch.stop], "bad_chunk")
+                    continue
+                if item is None:
+                    files.append((key, ch, LoadItem(ch.block_ids, ch.skip, stop, 0, gpu.chunk_bytes)))
+                else:
+                    ram.append(LoadItem(ch.block_ids, ch.skip, stop, item[1], item[2]))
+        link = self.link
+
+        def release() -> None:
+            try:
+                client.release(tokens)
+            except KvdClientError as exc:
+                if link.connected:
+                    log.debug("infera-kvd: RELEASE failed: %s", exc)
+
+        gpu.load(ram, arena, release)
+        self.counters["load_chunks"] += len(ram)
+        self.counters["load_bytes"] += sum(it.length for it in ram)
+        if files:
+            gd = self.gd
+            assert gd is not None
+            ok = gpu.load_staged([f[2] for f in files], lambda i, _it, out: gd.read_into(files[i][0], out))
+            for (_key, ch, it), good in zip(files, ok, strict=True):
+                if good:
+                    self.counters["load_direct_chunks"] += 1
+                    self.counters["load_direct_bytes"] += it.length
+                else:
+                    self._fail_chunk(ch.block_ids[ch.skip : ch.stop], "missing")
+        self.counters["load_us"] += int((time.perf_counter() - started) * 1e6)
+
     def _fail_chunk(self, block_ids: list[int], why: str) -> None:
         self.load_errors.update(block_ids)
         self.counters[f"load_failed_{why}"] += 1
@@ -190,6 +332,12 @@ class WorkerHalf:
                 key = chunk_key(self.ns.digest, ch.chunk_hash, self.key_rank)
                 by_retention.setdefault(job.retention, []).append((key, ch.block_ids))
         started = time.perf_counter()
+        if self.gpu is not None:
+            for retention, chunks in by_retention.items():
+                if not self._save_gpu(retention, chunks):
+                    break
+            self.counters["save_us"] += int((time.perf_counter() - started) * 1e6)
+            return
         for retention, chunks in by_retention.items():
             keys = [k for k, _ in chunks]
             lengths = [layout.chunk_bytes(len(ids)) for _, ids in chunks]
@@ -229,6 +377,97 @@ class WorkerHalf:
                 self.counters["save_errors"] += 1
         self.counters["save_us"] += int((time.perf_counter() - started) * 1e6)
 
+    def _save_gpu(self, retention: str, chunks: list[tuple[bytes, list[int]]]) -> bool:
+        """Reserve, then queue gathers and DMAs; SEAL happens when each group's DMA is done.
+        Returns False when the daemon is unreachable (the remaining classes are skipped too)."""
+        gpu = self.gpu
+        assert gpu is not None
+        gd = self.gd if self.gd is not None and self.gd.active and retention == "long" else None
+        slots_for: dict[bytes, int] = {}
+        if gd is not None:
+            for key, _ids in chunks:
+                free = gd.take_slot()
+                if free is None:
+                    break
+                slots_for[key] = free
+        groups = [[c for c in chunks if c[0] in slots_for], [c for c in chunks if c[0] not in slots_for]]
+        items: list[SaveItem] = []
+        keys_by_token: dict[int, bytes] = {}
+        client: KvdClient | None = None
+        try:
+            for persisted, group in zip((True, False), groups, strict=True):
+                if not group:
+                    continue
+                keys = [k for k, _ in group]
+                lengths = [gpu.chunk_bytes if len(ids) == gpu.bpc else -1 for _, ids in group]
+                if any(n < 0 for n in lengths):
+                    self._warn_once("save-layout", "infera-kvd: a save chunk with an unexpected block count")
+                    continue
+                client, slots = self.link.call(
+                    functools.partial(
+                        _reserve, keys=keys, lengths=lengths, retention=retention, persisted=persisted
+                    )
+                )
+                for res, (key, ids) in zip(slots, group, strict=True):
+                    if isinstance(res, str):
+                        self.counters[f"save_{res}"] += 1
+                        if res in ("full", "too_large"):
+                            self._warn_once(
+                                res,
+                                f"infera-kvd: the daemon refused a {gpu.chunk_bytes}-byte chunk ({res})",
+                            )
+                        continue
+                    token, off = res
+                    try:
+                        gpu.check(ids, gpu.chunk_bytes)
+                    except LayoutError as exc:
+                        client.abort([token])
+                        self._warn_once("save-layout", f"infera-kvd: cannot gather a chunk: {exc}")
+                        continue
+                    item = SaveItem(ids, off, gpu.chunk_bytes, token)
+                    items.append(item)
+                    keys_by_token[token] = key
+        except KvdUnavailable as exc:
+            if self.link.connected:
+                self.link.failed(exc)
+            self.counters["save_skipped_unavailable"] += len(chunks)
+            self._free_slots(gd, slots_for, set())
+            return False
+        except KvdClientError as exc:
+            self._warn_once("save-error", f"infera-kvd: the daemon rejected a save: {exc}")
+            self.counters["save_errors"] += 1
+        arena = self.arena
+        if client is None or arena is None or not items:
+            self._free_slots(gd, slots_for, set())
+            return True
+        used: set[bytes] = set()
+
+        def after_gather(group: Any, region: torch.Tensor, _event: Any) -> None:
+            for i, it in enumerate(group):
+                key = keys_by_token[it.token]
+                slot = slots_for.get(key)
+                if gd is not None and slot is not None:
+                    used.add(key)
+                    lo = i * gpu.chunk_bytes
+                    gd.queue_write(client, key, slot, region[lo : lo + it.length])
+
+        def seal(tokens: list[int]) -> None:
+            client.seal(tokens, wait=False)
+
+        gpu.save(items, arena, seal, after_gather if gd is not None else None)
+        self._free_slots(gd, slots_for, used)
+        self.counters["save_chunks"] += len(items)
+        self.counters["save_bytes"] += sum(it.length for it in items)
+        return True
+
+    @staticmethod
+    def _free_slots(gd: GdPath | None, slots_for: dict[bytes, int], used: set[bytes]) -> None:
+        if gd is None:
+            return
+        for key, slot in slots_for.items():
+            if key not in used:
+                gd._give_slot(slot)
+
     # -- reporting ---------------------------------------------------------------------------
     def _warn_once(self, what: str, message: str) -> None:
         if what not in self._warned:
@@ -240,23 +479,57 @@ class WorkerHalf:
         if not force and now - self._last_report < REPORT_EVERY_S:
             return
         self._last_report = now
-        fields: dict[str, Any] = {
-            "data_path": "arena",
-            "counters": {**self.counters, **self.link.counters},
-        }
+        self.link.report(**self.report_fields())
+
+    def report_fields(self) -> dict[str, Any]:
+        """What the daemon shows for this worker: its data path, any fallback, its counters."""
+        counters: dict[str, Any] = {**self.counters, **self.link.counters}
+        reasons: list[str] = []
+        path = "arena"
+        if self.gpu is not None:
+            counters.update(self.gpu.counters)
+            if self.pin.pinned:
+                path = "arena-pinned"
+                counters["arena_register_ms"] = int(self.pin.seconds * 1000)
+            else:
+                path = "arena-unpinned"
+                reasons.append(f"arena not registered with the GPU: {self.pin.error or 'not connected yet'}")
+        elif self.gpu_error:
+            path = "arena-plain"
+            reasons.append(self.gpu_error)
+        fields: dict[str, Any] = {}
+        sel = self.gd_sel
         if self.env.gpu_direct_requested:
-            fields.update(
-                requested_path="gpu-direct",
-                fallback=True,
-                fallback_reason="GPU-direct reads are not in this build; serving through the arena",
-            )
+            fields["requested_path"] = "gpu-direct"
+            if sel is None:
+                reasons.append("GPU-direct needs KV on a GPU with the GPU copy path")
+            elif self.gd is not None and self.gd.active:
+                path += "+" + sel.path_name
+                reasons += sel.reasons
+            else:
+                reasons += self.gd.reasons() if self.gd is not None else sel.reasons
+        if self.gd is not None:
+            counters.update(self.gd.all_counters())
+        fields.update(data_path=path, counters=counters, fallback=bool(reasons))
+        if reasons:
+            fields["fallback_reason"] = "; ".join(reasons)
         if self.disabled_reason:
             fields.update(fallback=True, fallback_reason=self.disabled_reason, data_path="none")
-        self.link.report(**fields)
+        return fields
 
     def close(self) -> None:
-        self.arena = None
         self.link.close()
+        if self.gpu is not None:
+            self.gpu.close()
+        if self.gd is not None:
+            self.gd.close()
+        self.arena = None
+
+
+def _reserve(
+    c: KvdClient, *, keys: list[bytes], lengths: list[int], retention: str, persisted: bool
+) -> tuple[KvdClient, list[tuple[int, int] | str]]:
+    return c, c.reserve(keys, lengths, retention=retention, persisted=persisted)
 
 
 def block_count(kv_cache_config: Any) -> int | None:

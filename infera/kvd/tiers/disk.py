@@ -417,6 +417,47 @@ class DiskTier:
     def prewarm(self, ikeys: list[bytes]) -> int:
         return self.reads.request(ikeys, None, urgent=False)
 
+    # -- files written by clients (GPU-direct) ------------------------------------------------
+    def adopt(self, ikeys: list[bytes], lengths: list[int]) -> int:
+        """Index chunk files a client wrote under our root (one stat each, on the loop)."""
+        n = 0
+        for ikey, length in zip(ikeys, lengths, strict=True):
+            fkey = self.fkey(ikey)
+            try:
+                size = os.stat(diskio.file_path(self.root, fkey)).st_size
+            except OSError:
+                self.c["adopt_missing"] = self.c.get("adopt_missing", 0) + 1
+                continue
+            if size != cf.HEADER_SIZE + length:
+                self.c["adopt_missing"] = self.c.get("adopt_missing", 0) + 1
+                continue
+            job = self._writes.pop(fkey, None)
+            if job is not None:
+                job.cancelled = True
+            self._backlog.pop(ikey, None)
+            self.forget(fkey)
+            self.index[fkey] = size
+            self.bytes_used += size
+            chunk = self.store.index.get(ikey)
+            if chunk is not None:
+                chunk.on_long = True
+            n += 1
+        self.c["adopted"] = self.c.get("adopted", 0) + n
+        self._make_room(0)
+        return n
+
+    def write_through(self, ikeys: list[bytes]) -> int:
+        """Chunks a client meant to persist itself but could not: write them the usual way."""
+        n = 0
+        for ikey in ikeys:
+            chunk = self.store.index.get(ikey)
+            if chunk is None or chunk.retention != LONG or self.fkey(ikey) in self.index:
+                continue
+            chunk.on_long = False
+            self._on_seal(chunk)
+            n += 1
+        return n
+
     # -- deletes ----------------------------------------------------------------------------
     def delete(self, ikeys: list[bytes]) -> int:
         n = 0

@@ -1,0 +1,558 @@
+"""KV on a GPU: copies between vLLM's blocks and the daemon arena at PCIe speed.
+
+Why this module exists: a host<->device copy from ordinary (pageable) memory runs at a tenth of
+the link speed, and vLLM's blocks are too small (one layer's page of one block is 8-72 KiB) for a
+DMA each. So:
+
+* the arena mapping is **registered** once per connection (``cudaHostRegister``, about 45 ms per
+  GiB), which makes it pinned memory as far as the copy engines are concerned; a failed
+  registration is a reported fallback, never silent;
+* a chunk moves between the arena and a **staging** buffer on the GPU with **one DMA**, and
+  between staging and the blocks with **one indexed copy per layer per group of chunks** (one per
+  group when every layer is a view of one buffer): no per-block launches;
+* the DMAs run on **side streams**; the forward pass only waits (on the GPU, never on the CPU)
+  for what it reads: the scatter of a load is queued on the compute stream behind the load's DMA
+  event, and a save's gather runs behind an event recorded on the compute stream when
+  ``wait_for_save`` is called;
+* completion is handled by a small thread that waits on the DMA events: leases are released and
+  reservations sealed only once the bytes have really moved.
+
+The staging pools are bounded (``INFERA_KVD_GPU_STAGING_MB``, split between loads and saves) and
+used as two halves, so the DMA of one group overlaps the indexed copies of the next. The same
+code runs on the CPU with synchronous stand-ins for streams and events (:class:`HostOps`): the
+tests exercise the grouping, indexing and byte layout on real tensors without a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from infera.engine.vllm.layout import KVLayout, LayoutError
+
+log = logging.getLogger("infera.engine.vllm")
+
+DEFAULT_STAGING_BYTES = 256 << 20
+_WIDE = (torch.int64, torch.int32, torch.int16)
+
+
+@dataclass
+class LoadItem:
+    """One chunk to load: its blocks, the part to write, and where it sits in the arena."""
+
+    block_ids: list[int]
+    skip: int
+    stop: int
+    offset: int
+    length: int
+
+
+@dataclass
+class SaveItem:
+    """One chunk to save into a reserved arena region; ``token`` is the reservation."""
+
+    block_ids: list[int]
+    offset: int
+    length: int
+    token: int
+
+
+# -- streams and events ---------------------------------------------------------------------
+class HostOps:
+    """Streams and events for tensors on the CPU: everything is already done when issued."""
+
+    synchronous = True
+
+    def new_stream(self) -> Any:
+        return None
+
+    def current_stream(self) -> Any:
+        return None
+
+    def use(self, stream: Any) -> Any:
+        return nullcontext()
+
+    def record(self, stream: Any, timing: bool = False) -> Any:
+        return None
+
+    def wait(self, stream: Any, event: Any) -> None:
+        return None
+
+    def done(self, event: Any) -> bool:
+        return True
+
+    def sync(self, event: Any) -> None:
+        return None
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        return 0.0
+
+    def sync_all(self) -> None:
+        return None
+
+
+class CudaOps(HostOps):
+    """torch.cuda streams and events (ROCm builds map them to HIP)."""
+
+    synchronous = False
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def new_stream(self) -> Any:
+        return torch.cuda.Stream(device=self.device)
+
+    def current_stream(self) -> Any:
+        return torch.cuda.current_stream(self.device)
+
+    def use(self, stream: Any) -> Any:
+        return torch.cuda.stream(stream)
+
+    def record(self, stream: Any, timing: bool = False) -> Any:
+        ev = torch.cuda.Event(enable_timing=timing)
+        ev.record(stream)
+        return ev
+
+    def wait(self, stream: Any, event: Any) -> None:
+        if event is not None:
+            stream.wait_event(event)
+
+    def done(self, event: Any) -> bool:
+        return event is None or bool(event.query())
+
+    def sync(self, event: Any) -> None:
+        if event is not None:
+            event.synchronize()  # releases the GIL while it waits
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        return float(start.elapsed_time(end))
+
+    def sync_all(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+
+def ops_for(device: torch.device) -> HostOps:
+    return HostOps() if device.type == "cpu" else CudaOps(device)
+
+
+# -- host registration of the arena -----------------------------------------------------------
+def _code(err: Any) -> int:
+    return int(getattr(err, "value", err))
+
+
+def cuda_host_register(ptr: int, size: int) -> str | None:
+    """Register ``size`` bytes at ``ptr`` with the GPU runtime; returns an error text or None."""
+    try:
+        rt = torch.cuda.cudart()
+        code = _code(rt.cudaHostRegister(ptr, size, 0))
+    except Exception as exc:  # no runtime binding in this torch build
+        return f"cudaHostRegister is not available: {exc}"
+    if code != 0:
+        return f"cudaHostRegister failed with error {code}"
+    return None
+
+
+def cuda_host_unregister(ptr: int) -> None:
+    try:
+        torch.cuda.cudart().cudaHostUnregister(ptr)
+    except Exception:
+        pass
+
+
+class Completer:
+    """Runs callbacks once their GPU event has completed, in submission order, on one thread.
+
+    Callbacks only talk to the daemon (seal, release); they never touch tensors."""
+
+    def __init__(self, ops: HostOps) -> None:
+        self.ops = ops
+        self._q: queue.Queue[tuple[Any, Callable[[], None]] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self.errors = 0
+
+    def after(self, event: Any, fn: Callable[[], None]) -> None:
+        if self.ops.synchronous:
+            self._run(fn)
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="kvd-gpu-complete", daemon=True)
+            self._thread.start()
+        self._q.put((event, fn))
+
+    def _run(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception:
+            self.errors += 1
+            log.debug("infera-kvd: a completion callback failed", exc_info=True)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._q.get()
+            try:
+                if item is None:
+                    return
+                event, fn = item
+                try:
+                    self.ops.sync(event)
+                except Exception:
+                    log.exception("infera-kvd: waiting for a GPU copy failed")
+                self._run(fn)
+            finally:
+                self._q.task_done()
+
+    def drain(self) -> None:
+        """Wait until every queued callback has run."""
+        if self._thread is not None:
+            self._q.join()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._q.put(None)
+            self._thread.join(timeout=10)
+            self._thread = None
+
+
+def _elem(*sizes: int) -> torch.dtype:
+    """The widest integer element that divides every size: fewer, larger index copies."""
+    for dtype in _WIDE:
+        width = torch.empty(0, dtype=dtype).element_size()
+        if all(s % width == 0 for s in sizes):
+            return dtype
+    return torch.uint8
+
+
+def _groups(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+class _Pool:
+    """A staging buffer of ``cells`` chunk-sized cells, used as two halves in turn."""
+
+    def __init__(self, cells: int, chunk_bytes: int, device: torch.device) -> None:
+        self.cells = cells
+        self.half = cells // 2
+        self.chunk_bytes = chunk_bytes
+        self.buf = torch.empty(cells * chunk_bytes, dtype=torch.uint8, device=device)
+        self.free: list[Any] = [None, None]  # event after which each half may be overwritten
+        self.turn = 0
+
+    def next_half(self) -> tuple[int, torch.Tensor]:
+        h = self.turn
+        self.turn ^= 1
+        start = h * self.half * self.chunk_bytes
+        return h, self.buf[start : start + self.half * self.chunk_bytes]
+
+
+class GpuCopier:
+    """Moves whole chunks between the arena (a host tensor) and the blocks of ``layout``.
+
+    ``blocks_per_chunk`` fixes the chunk size the pools are cut for; every chunk the scheduler
+    plans has exactly that many blocks."""
+
+    def __init__(
+        self,
+        layout: KVLayout,
+        blocks_per_chunk: int,
+        *,
+        staging_bytes: int = DEFAULT_STAGING_BYTES,
+        ops: HostOps | None = None,
+    ) -> None:
+        self.layout = layout
+        self.device = layout.device
+        self.ops = ops or ops_for(self.device)
+        self.bpc = blocks_per_chunk
+        self.chunk_bytes = layout.chunk_bytes(blocks_per_chunk)
+        per_pool = max(staging_bytes // 2, 2 * self.chunk_bytes)
+        cells = max(2, per_pool // self.chunk_bytes)
+        cells -= cells % 2
+        self.load_pool = _Pool(cells, self.chunk_bytes, self.device)
+        self.save_pool = _Pool(cells, self.chunk_bytes, self.device)
+        self.staging_bytes = 2 * cells * self.chunk_bytes
+        self.h2d = self.ops.new_stream()
+        self.d2h = self.ops.new_stream()
+        self.gather_stream = self.ops.new_stream()
+        self.completer = Completer(self.ops)
+        self._pending_gather: Any = None
+        self.n_layers = len(layout.layers)
+        cb = self.chunk_bytes
+        self.layer_off: list[int] = []
+        self.wide_layers: list[torch.Tensor] = []
+        pos = 0
+        for lb in layout.layers:
+            dtype = _elem(lb.page_bytes, lb.block_stride, lb.offset, pos, cb)
+            self.layer_off.append(pos)
+            self.wide_layers.append(lb.view.view(dtype))
+            pos += self.bpc * lb.page_bytes
+        self.stacked: torch.Tensor | None = None
+        if layout.stacked is not None:
+            first = layout.layers[0]
+            st = layout.stacked
+            dtype = _elem(first.page_bytes, first.block_stride, first.offset, st.stride(0), cb)
+            self.stacked = st.view(dtype)
+        self.dtype = self.wide_layers[0].dtype
+        self.counters: dict[str, int] = {}
+
+    def describe(self) -> str:
+        return (
+            f"GPU staging {self.staging_bytes >> 20} MiB ({self.load_pool.half} chunks of "
+            f"{self.chunk_bytes} bytes per DMA group), indexed copies as {self.dtype}".replace("torch.", "")
+        )
+
+    def _count(self, name: str, n: int) -> None:
+        self.counters[name] = self.counters.get(name, 0) + n
+
+    def _layer_src(self, region: torch.Tensor, n: int, layer: int) -> torch.Tensor:
+        """Layer ``layer`` of ``n`` staged chunks as ``[chunk, block, page elements]``."""
+        w = self.wide_layers[layer]
+        off = self.layer_off[layer]
+        size = self.bpc * self.layout.layers[layer].page_bytes
+        v = region[: n * self.chunk_bytes].view(n, self.chunk_bytes)[:, off : off + size]
+        return v.view(w.dtype).view(n, self.bpc, w.size(-1))
+
+    def _stacked_src(self, region: torch.Tensor, n: int) -> torch.Tensor:
+        """``n`` staged chunks as ``[chunk, layer, block, page elements]`` (uniform layers only)."""
+        assert self.stacked is not None
+        dt = self.stacked.dtype
+        return region[: n * self.chunk_bytes].view(dt).view(n, self.n_layers, self.bpc, self.stacked.size(-1))
+
+    # -- validation ---------------------------------------------------------------------------
+    def check(self, block_ids: list[int], length: int) -> None:
+        if len(block_ids) != self.bpc:
+            raise LayoutError(f"a chunk of {len(block_ids)} blocks, this engine's chunks have {self.bpc}")
+        if length != self.chunk_bytes:
+            raise LayoutError(f"payload of {length} bytes, expected {self.chunk_bytes}")
+        lo, hi = min(block_ids), max(block_ids)
+        if lo < 0 or hi >= self.layout.num_blocks:
+            raise LayoutError(f"block id {lo if lo < 0 else hi} outside 0..{self.layout.num_blocks - 1}")
+
+    # -- ordering with the forward pass -------------------------------------------------------
+    def before_forward(self) -> None:
+        """Called at the start of every step: the forward may overwrite blocks a save is still
+        gathering, so the compute stream waits for the last gather (on the GPU, not here)."""
+        if self._pending_gather is not None:
+            self.ops.wait(self.ops.current_stream(), self._pending_gather)
+            self._pending_gather = None
+
+    # -- loads --------------------------------------------------------------------------------
+    def load(self, items: list[LoadItem], arena: torch.Tensor, on_done: Callable[[], None]) -> None:
+        """Queue the DMAs and scatters of ``items``; ``on_done`` runs once the arena is no longer
+        read (the leases may go). The compute stream is ordered after the scatters."""
+        if not items:
+            on_done()
+            return
+        ops, pool = self.ops, self.load_pool
+        compute = ops.current_stream()
+        last = None
+        first = None
+        for group in _groups(items, pool.half):
+            h, region = pool.next_half()
+            ops.wait(self.h2d, pool.free[h])
+            with ops.use(self.h2d):
+                if first is None:
+                    first = ops.record(self.h2d, timing=True)
+                for i, it in enumerate(group):
+                    lo = i * self.chunk_bytes
+                    region[lo : lo + it.length].copy_(
+                        arena[it.offset : it.offset + it.length], non_blocking=True
+                    )
+                last = ops.record(self.h2d, timing=True)
+            ops.wait(compute, last)
+            with ops.use(compute):
+                self._scatter(group, region)
+            pool.free[h] = ops.record(compute)
+        self._count("load_dma_chunks", len(items))
+        self._count("load_dma_bytes", sum(it.length for it in items))
+        start, end = first, last
+
+        def done() -> None:
+            self._count("load_dma_us", int(ops.elapsed_ms(start, end) * 1000))
+            on_done()
+
+        self.completer.after(last, done)
+
+    def load_staged(
+        self, items: list[LoadItem], fill: Callable[[int, LoadItem, torch.Tensor], bool]
+    ) -> list[bool]:
+        """Load chunks that something else writes into staging (GPU-direct file reads): ``fill``
+        writes chunk ``i`` into the given device slice and says whether it is good. Synchronous
+        towards the host (file reads are), ordered before the forward pass on the GPU."""
+        ops, pool = self.ops, self.load_pool
+        compute = ops.current_stream()
+        ok: list[bool] = []
+        for group in _groups(items, pool.half):
+            h, region = pool.next_half()
+            ops.sync(pool.free[h])  # the reader writes outside any stream: the half must be idle
+            keep = []
+            for i, it in enumerate(group):
+                lo = i * self.chunk_bytes
+                keep.append(fill(len(ok), it, region[lo : lo + it.length]))
+                ok.append(keep[-1])
+            with ops.use(compute):
+                self._scatter(group, region, keep=keep)
+            pool.free[h] = ops.record(compute)
+        return ok
+
+    def _scatter(
+        self, group: Sequence[LoadItem], region: torch.Tensor, keep: list[bool] | None = None
+    ) -> None:
+        n = len(group)
+        use = [keep is None or keep[i] for i in range(n)]
+        whole = [i for i, it in enumerate(group) if use[i] and it.skip == 0 and it.stop == self.bpc]
+        parts = [i for i, it in enumerate(group) if use[i] and (it.skip or it.stop != self.bpc)]
+        dev = self.device
+        if whole:
+            ids = torch.tensor([group[i].block_ids for i in whole], dtype=torch.long, device=dev)
+            pick = None if len(whole) == n else torch.tensor(whole, dtype=torch.long, device=dev)
+            if self.stacked is not None:
+                rows = self._stacked_src(region, n)
+                rows = rows if pick is None else rows[pick]
+                self.stacked[:, ids] = rows.transpose(0, 1)
+            else:
+                for layer, dst in enumerate(self.wide_layers):
+                    src = self._layer_src(region, n, layer)
+                    dst[ids] = src if pick is None else src[pick]
+        for i in parts:
+            it = group[i]
+            ids = torch.tensor(it.block_ids[it.skip : it.stop], dtype=torch.long, device=dev)
+            if self.stacked is not None:
+                self.stacked[:, ids] = self._stacked_src(region, n)[i, :, it.skip : it.stop]
+            else:
+                for layer, dst in enumerate(self.wide_layers):
+                    dst[ids] = self._layer_src(region, n, layer)[i, it.skip : it.stop]
+
+    # -- saves --------------------------------------------------------------------------------
+    def save(
+        self,
+        items: list[SaveItem],
+        arena: torch.Tensor,
+        on_group_done: Callable[[list[int]], None],
+        after_gather: Callable[[Sequence[SaveItem], torch.Tensor, Any], None] | None = None,
+    ) -> None:
+        """Queue gathers (behind the forward pass) and DMAs into the reserved regions;
+        ``on_group_done(tokens)`` runs once a group's bytes are in the arena (seal them).
+        ``after_gather(group, region, event)`` sees each group's staged payload (GPU-direct
+        writes take their copy there)."""
+        if not items:
+            return
+        ops, pool = self.ops, self.save_pool
+        ops.wait(self.gather_stream, ops.record(ops.current_stream()))
+        gathered = None
+        for group in _groups(items, pool.half):
+            h, region = pool.next_half()
+            ops.wait(self.gather_stream, pool.free[h])
+            with ops.use(self.gather_stream):
+                self._gather(group, region)
+                gathered = ops.record(self.gather_stream)
+            if after_gather is not None:
+                after_gather(group, region, gathered)
+            ops.wait(self.d2h, gathered)
+            with ops.use(self.d2h):
+                start = ops.record(self.d2h, timing=True)
+                for i, it in enumerate(group):
+                    lo = i * self.chunk_bytes
+                    arena[it.offset : it.offset + it.length].copy_(
+                        region[lo : lo + it.length], non_blocking=True
+                    )
+                end = ops.record(self.d2h, timing=True)
+            pool.free[h] = end
+            tokens = [it.token for it in group]
+
+            def done(tokens: list[int] = tokens, start: Any = start, end: Any = end) -> None:
+                self._count("save_dma_us", int(ops.elapsed_ms(start, end) * 1000))
+                on_group_done(tokens)
+
+            self.completer.after(end, done)
+        self._pending_gather = gathered
+        self._count("save_dma_chunks", len(items))
+        self._count("save_dma_bytes", sum(it.length for it in items))
+
+    def _gather(self, group: Sequence[SaveItem], region: torch.Tensor) -> None:
+        n = len(group)
+        ids = torch.tensor([it.block_ids for it in group], dtype=torch.long, device=self.device).view(-1)
+        if self.stacked is not None:
+            picked = self.stacked.index_select(1, ids).view(self.n_layers, n, self.bpc, -1)
+            self._stacked_src(region, n).copy_(picked.transpose(0, 1))
+            return
+        for layer, src in enumerate(self.wide_layers):
+            self._layer_src(region, n, layer).copy_(src.index_select(0, ids).view(n, self.bpc, -1))
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def drain(self) -> None:
+        """Wait for every queued copy and callback (before the arena mapping goes away)."""
+        self.ops.sync_all()
+        self.completer.drain()
+
+    def close(self) -> None:
+        self.drain()
+        self.completer.close()
+
+
+@dataclass
+class Registered:
+    ptr: int
+    size: int
+
+
+class ArenaPin:
+    """Registration of one arena mapping, with the outcome kept for reports."""
+
+    def __init__(
+        self,
+        enabled: bool = True,
+        register: Callable[[int, int], str | None] = cuda_host_register,
+        unregister: Callable[[int], None] = cuda_host_unregister,
+    ) -> None:
+        self.enabled = enabled
+        self._register = register
+        self._unregister = unregister
+        self.current: Registered | None = None
+        self.error: str | None = None
+        self.seconds = 0.0
+
+    def attach(self, arena: torch.Tensor) -> None:
+        self.detach()
+        if not self.enabled:
+            self.error = "host registration is off (INFERA_KVD_REGISTER=0)"
+            return
+        ptr, size = arena.data_ptr(), arena.numel()
+        started = time.perf_counter()
+        err = self._register(ptr, size)
+        self.seconds = time.perf_counter() - started
+        if err is None:
+            self.current = Registered(ptr, size)
+            self.error = None
+            log.info(
+                "infera-kvd: registered the %.1f GiB arena mapping with the GPU in %.2f s",
+                size / (1 << 30),
+                self.seconds,
+            )
+        else:
+            self.error = err
+
+    def detach(self) -> None:
+        if self.current is not None:
+            self._unregister(self.current.ptr)
+            self.current = None
+
+    @property
+    def pinned(self) -> bool:
+        return self.current is not None
+
+
+@contextmanager
+def timed(counters: dict[str, int], name: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        counters[name] = counters.get(name, 0) + int((time.perf_counter() - started) * 1e6)

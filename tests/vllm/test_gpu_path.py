@@ -1,0 +1,270 @@
+"""The GPU copy path's logic on CPU tensors: grouping, staging, indexed copies, completion.
+
+``GpuCopier`` runs the same code on the CPU with synchronous stand-ins for streams and events, so
+the byte layout (it must equal the CPU path's payload exactly), the skip/stop handling, the
+staging halves and the worker's reserve/seal/lease/release sequence are checked here on real
+tensors against a real daemon. Registration and its fallback use an injected register function
+(there is no GPU runtime here); the H200 run in docs/benchmarks.md covers the real one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from infera.engine.vllm.config import ConnectorEnv
+from infera.engine.vllm.gpu import ArenaPin, Completer, GpuCopier, HostOps, LoadItem, SaveItem
+from infera.engine.vllm.keys import EngineFacts, make_namespace
+from infera.engine.vllm.layout import KVLayout, LayoutError
+from infera.engine.vllm.link import DaemonLink
+from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
+from infera.engine.vllm.worker import WorkerHalf
+
+B = 40
+
+
+def per_layer_nhd(L: int = 3, H: int = 2, N: int = 4, D: int = 8) -> dict[str, torch.Tensor]:
+    """vLLM 0.26 FlashAttention: [B, H, N, 2D] per layer, stored token-major."""
+    return {
+        f"model.layers.{i}.attn": torch.randn(B, N, H, 2 * D).to(torch.bfloat16).permute(0, 2, 1, 3)
+        for i in range(L)
+    }
+
+
+def views_029(L: int = 3, H: int = 2, N: int = 4, C: int = 16) -> dict[str, torch.Tensor]:
+    buf = torch.randn(L, B, N, H, C).to(torch.bfloat16)
+    return {f"model.layers.{i}.attn": buf[i].permute(0, 2, 1, 3) for i in range(L)}
+
+
+def mla_fp8(L: int = 3, N: int = 4) -> dict[str, torch.Tensor]:
+    return {f"model.layers.{i}.attn": torch.randint(0, 255, (B, N, 576), dtype=torch.uint8) for i in range(L)}
+
+
+def mla_with_indexer(L: int = 2, N: int = 4) -> dict[str, torch.Tensor]:
+    """Layers of different page sizes in one chunk (latent 576 B/token, indexer 132 B/token)."""
+    out = {}
+    for i in range(L):
+        out[f"model.layers.{i}.attn"] = torch.randint(0, 255, (B, N, 576), dtype=torch.uint8)
+        out[f"model.layers.{i}.indexer.k_cache"] = torch.randint(0, 255, (B, N, 132), dtype=torch.uint8)
+    return out
+
+
+LAYOUTS = {"0.26-nhd": per_layer_nhd, "0.29-views": views_029, "mla-fp8": mla_fp8, "dsa": mla_with_indexer}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+@pytest.mark.parametrize("cells", [2, 4, 64])
+def test_save_then_load_moves_exact_bytes(name: str, cells: int) -> None:
+    caches = LAYOUTS[name]()
+    layout = KVLayout.from_caches(caches, B)
+    bpc = 2
+    cb = layout.chunk_bytes(bpc)
+    copier = GpuCopier(layout, bpc, staging_bytes=cells * cb)
+    assert copier.load_pool.half >= 1
+    arena = torch.zeros(cb * 16, dtype=torch.uint8)
+    src = [[3, 7], [8, 9], [1, 2], [20, 11], [12, 13], [30, 31], [4, 5]]
+    saves = [SaveItem(ids, (i + 1) * cb, cb, 100 + i) for i, ids in enumerate(src)]
+    sealed: list[int] = []
+    copier.save(saves, arena, sealed.extend)
+    assert sealed == [100 + i for i in range(len(src))], "every reservation is sealed once, in order"
+    for it in saves:
+        ref = torch.empty(cb, dtype=torch.uint8)
+        layout.gather(it.block_ids, ref)  # the CPU path's payload: the chunk format is unchanged
+        assert torch.equal(arena[it.offset : it.offset + cb], ref)
+    assert not arena[:cb].any(), "nothing is written outside the reserved regions"
+    before = {n: t.clone() for n, t in caches.items()}
+    dst = [[32, 33], [34, 35], [36, 37], [38, 39], [14, 15], [16, 17], [18, 19]]
+    loads = [
+        LoadItem(d, 1 if i == 2 else 0, 1 if i == 5 else 2, saves[i].offset, cb) for i, d in enumerate(dst)
+    ]
+    released: list[int] = []
+    copier.load(loads, arena, lambda: released.append(1))
+    assert released == [1]
+    for i, (s, d) in enumerate(zip(src, dst, strict=True)):
+        for n, t in caches.items():
+            for j in range(2):
+                skipped = (i == 2 and j == 0) or (i == 5 and j == 1)
+                want = before[n][d[j]] if skipped else before[n][s[j]]
+                assert torch.equal(t[d[j]], want), (n, i, j)
+    untouched = [b for b in range(B) if b not in {x for d in dst for x in d}]
+    for n, t in caches.items():
+        assert torch.equal(t[untouched], before[n][untouched])
+    assert copier.counters["load_dma_chunks"] == 7 and copier.counters["save_dma_bytes"] == 7 * cb
+
+
+def test_indexed_copies_use_wide_elements_unless_bytes_do_not_divide() -> None:
+    assert GpuCopier(KVLayout.from_caches(per_layer_nhd(), B), 2).dtype == torch.int64
+    odd = {f"l.{i}": torch.zeros(B, 3, 5, dtype=torch.uint8) for i in range(2)}  # 15-byte pages
+    assert GpuCopier(KVLayout.from_caches(odd, B), 2).dtype == torch.uint8
+
+
+def test_check_refuses_wrong_sizes_and_block_ids() -> None:
+    copier = GpuCopier(KVLayout.from_caches(per_layer_nhd(), B), 2)
+    copier.check([0, 1], copier.chunk_bytes)
+    for ids, length in (
+        ([0], copier.chunk_bytes),
+        ([0, 1], 7),
+        ([0, B], copier.chunk_bytes),
+        ([-1, 2], copier.chunk_bytes),
+    ):
+        with pytest.raises(LayoutError):
+            copier.check(ids, length)
+
+
+class SlowOps(HostOps):
+    """Asynchronous stand-in: an event completes when the test says so."""
+
+    synchronous = False
+
+    def record(self, stream: Any, timing: bool = False) -> Any:
+        return threading.Event()
+
+    def sync(self, event: Any) -> None:
+        assert event.wait(10)
+
+
+def test_completer_runs_callbacks_only_after_their_event() -> None:
+    ops = SlowOps()
+    c = Completer(ops)
+    ran: list[str] = []
+    a, b = threading.Event(), threading.Event()
+    c.after(a, lambda: ran.append("a"))
+    c.after(b, lambda: ran.append("b"))
+    time.sleep(0.05)
+    assert ran == [], "nothing runs before its copy completed"
+    a.set()
+    deadline = time.monotonic() + 5
+    while ran != ["a"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ran == ["a"]
+    b.set()
+    c.drain()
+    assert ran == ["a", "b"]
+    c.after(a, lambda: 1 / 0)  # a failing callback is counted, the thread survives
+    c.drain()
+    assert c.errors == 1
+    c.close()
+
+
+def test_arena_pin_records_success_failure_and_unregisters() -> None:
+    calls: list[tuple[str, int]] = []
+    arena = torch.zeros(4096, dtype=torch.uint8)
+    pin = ArenaPin(
+        register=lambda p, s: calls.append(("reg", s)) or None,
+        unregister=lambda p: calls.append(("unreg", p)),
+    )
+    pin.attach(arena)
+    assert pin.pinned and pin.error is None and calls == [("reg", 4096)]
+    pin.attach(arena)  # a new mapping after a reconnect: the old one is unregistered first
+    assert calls[1] == ("unreg", arena.data_ptr()) and calls[2] == ("reg", 4096)
+    pin.detach()
+    assert not pin.pinned
+    bad = ArenaPin(register=lambda p, s: "cudaHostRegister failed with error 1")
+    bad.attach(arena)
+    assert not bad.pinned and "error 1" in (bad.error or "")
+    off = ArenaPin(enabled=False, register=lambda p, s: pytest.fail("must not register"))
+    off.attach(arena)
+    assert not off.pinned and "INFERA_KVD_REGISTER=0" in (off.error or "")
+
+
+# -- the worker's GPU path against a real daemon --------------------------------------------------
+FACTS = EngineFacts(
+    model="/m/gpu", model_type="llama", num_layers=3, total_kv_heads=2, kv_heads_per_rank=2, head_size=8,
+    use_mla=False, dtype="bfloat16", kv_cache_dtype="auto", block_size=4, hash_block_size=4,
+    bytes_per_token=192, tp_size=1, pp_size=1, hash_algo="sha256", hash_seed="fixed", vllm_version="0.26",
+    platform="cuda",
+)  # fmt: skip
+
+
+def gpu_worker(sock: str, register: Any = None, env: ConnectorEnv | None = None) -> WorkerHalf:
+    ns = make_namespace(FACTS, 8)  # 2 blocks of 4 tokens
+    link = DaemonLink(sock, ns, role="vllm-worker-0", name="t", model="/m/gpu", want_arena=True)
+    w = WorkerHalf(
+        ns,
+        env or ConnectorEnv(socket=sock),
+        rank=0,
+        replicated=False,
+        link=link,
+        blockers=[],
+        num_blocks=B,
+        block_size=4,
+        gpu_path_on_cpu=True,
+    )
+    w.pin = ArenaPin(
+        enabled=(env or ConnectorEnv()).register,
+        register=register or (lambda p, s: None),
+        unregister=lambda p: None,
+    )
+    return w
+
+
+def _client(daemon: Any, role: str) -> dict[str, Any]:
+    with daemon.client(want_arena=False) as c:
+        return next(cl for cl in c.stats()["clients"] if cl["role"] == role)
+
+
+def test_worker_gpu_path_saves_seals_loads_and_reports(daemon: Any) -> None:
+    caches = per_layer_nhd(N=4)
+    w = gpu_worker(daemon.socket)
+    w.register(caches)
+    assert w.gpu is not None and w.pin.pinned
+    hashes = [bytes([i]) * 16 for i in range(3)]
+    src = [[1, 2], [5, 6], [9, 10]]
+    w.save(
+        InferaKvdMetadata(
+            saves=[RequestJob("r", [ChunkJob(h, ids) for h, ids in zip(hashes, src, strict=True)])]
+        )
+    )
+    w.gpu.drain()
+    with daemon.client(want_arena=False) as c:
+        assert c.stats()["sets_total"] == 3, "every chunk was sealed after its copy"
+    before = {n: t.clone() for n, t in caches.items()}
+    dst = [[20, 21], [22, 23], [24, 25]]
+    jobs = [ChunkJob(h, ids) for h, ids in zip(hashes, dst, strict=True)]
+    jobs.append(ChunkJob(b"\x09" * 16, [26, 27]))  # never stored: a load error, recomputed
+    w.load(InferaKvdMetadata(loads=[RequestJob("r", jobs)]))
+    w.gpu.drain()
+    assert w.take_load_errors() == {26, 27}
+    for n, t in caches.items():
+        for s, d in zip(src, dst, strict=True):
+            assert torch.equal(t[d], before[n][s])
+    w._report(force=True)
+    w.link.client().ping()
+    row = _client(daemon, "vllm-worker-0")
+    assert row["data_path"] == "arena-pinned" and not row["fallback"]
+    assert row["counters"]["load_dma_chunks"] == 3 and row["counters"]["save_chunks"] == 3
+    with daemon.client(want_arena=False) as c:
+        st = c.stats()
+        assert st["hits_total"] == 3 and sum(cl["leases"] for cl in st["clients"]) == 0, "leases released"
+    w.close()
+
+
+def test_registration_failure_is_a_reported_fallback(daemon: Any, caplog: pytest.LogCaptureFixture) -> None:
+    w = gpu_worker(daemon.socket, register=lambda p, s: "cudaHostRegister failed with error 712")
+    w.register(per_layer_nhd())
+    w.link.client().ping()
+    row = _client(daemon, "vllm-worker-0")
+    assert row["data_path"] == "arena-unpinned" and row["fallback"]
+    assert "error 712" in row["fallback_reason"]
+    assert any("not registered" in r.message for r in caplog.records)
+    w.close()
+
+
+def test_daemon_restart_unregisters_then_registers_the_new_mapping(daemon: Any) -> None:
+    calls: list[str] = []
+    w = gpu_worker(daemon.socket, register=lambda p, s: calls.append("reg") or None)
+    w.pin._unregister = lambda p: calls.append("unreg")
+    caches = per_layer_nhd()
+    w.register(caches)
+    daemon.restart()
+    meta = InferaKvdMetadata(saves=[RequestJob("r", [ChunkJob(b"\x01" * 16, [1, 2])])])
+    w.save(meta)  # the dead connection is found, drained, unregistered, reopened, re-registered
+    w.gpu.drain()
+    assert calls == ["reg", "unreg", "reg"]
+    with daemon.client(want_arena=False) as c:
+        assert c.stats()["sets_total"] == 1
+    w.close()
