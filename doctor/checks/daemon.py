@@ -75,12 +75,30 @@ def daemon(ctx: Context) -> CheckResult:
         )
         fixes.append("work through the likely causes listed above, starting with hash-settings")
     gd = [
-        c for c in engine_clients(s) if str(c.get("data_path", "")).startswith(("gpu", "hipfile", "cufile"))
+        c
+        for c in engine_clients(s)
+        if any(p in str(c.get("data_path", "")) for p in ("gpu-direct", "hipfile", "cufile"))
     ]
     if gd:
         details.append(
-            "engines on GPU-direct read chunk files themselves, so the daemon's counters stay at 0 for them by design"
+            "engines on GPU-direct read and write chunk files themselves: the daemon counts their file "
+            "reads in gets_direct_total (not as misses), indexes their files (ADOPT), and shows each "
+            "engine's own gd_* counters per client"
         )
+    for c in engine_clients(s):
+        if c.get("fallback"):
+            ev.append(
+                Evidence(
+                    f"daemon {view.socket}",
+                    f"client pid {c.get('pid')} ({c.get('role') or '?'}) fell back to "
+                    f"{c.get('data_path') or '?'}: {c.get('fallback_reason') or 'no reason given'}",
+                    "daemon",
+                )
+            )
+            findings.append(
+                (Status.WARN, f"{c.get('role') or 'a client'} runs on a fallback path ({c.get('data_path')})")
+            )
+            fixes.append("see docs/gpu.md for each fallback reason and its fix")
     status = worst((st for st, _ in findings), Status.OK)
     clients = _plural(int(s.get("clients_connected", 0)), "client")
     summary = (

@@ -198,5 +198,37 @@ def transfer(
     )
 
 
+@bench_app.command("gpu-e2e")
+def gpu_e2e(
+    python: str = typer.Option(None, "--python", help="A Python with vLLM (default: this one)."),
+    sizes: str = typer.Option("4096,16384", "--sizes", help="Prompt lengths in tokens."),
+    repeat: int = typer.Option(3, "--repeat", help="Measured requests per case (medians)."),
+    small: bool = typer.Option(False, "--small", help="Tiny models instead of the 8B shape (CPU dry run)."),
+    check: bool = typer.Option(
+        True, "--check/--no-check", help="Token check with a real-weight small Llama."
+    ),
+    out: str = typer.Option(None, "--out", help="Directory for results.json and the engine/daemon logs."),
+    native_cpu_gb: float = typer.Option(8.0, "--native-cpu-gb", help="cpu_bytes_to_use of vLLM's connector."),
+    timeout: float = typer.Option(420.0, "--timeout", help="Seconds allowed per engine process."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """TTFT on a GPU with vLLM: recompute, vLLM native CPU hit, kvd RAM/cross-engine/disk hits, GPU hit."""
+    from infera.bench.gpu_e2e import run_gpu_e2e
+    from infera.clikit import run_guarded
+
+    run_guarded(
+        run_gpu_e2e,
+        python=python,
+        sizes=sizes,
+        repeat=repeat,
+        small=small,
+        check=check,
+        out=out,
+        native_cpu_gb=native_cpu_gb,
+        timeout=timeout,
+        json_out=json_out,
+    )
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(bench_app, name="bench")

@@ -61,6 +61,7 @@ class Client:
             "data_path": self.report.get("data_path", info.get("data_path", "arena")),
             "fallback": self.report.get("fallback"),
             "fallback_reason": self.report.get("fallback_reason"),
+            "requested_path": self.report.get("requested_path"),
             "counters": self.report.get("counters", {}),
             "leases": len(self.leases),
             "reservations": len(self.reservations),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from collections import Counter
 from typing import Any
@@ -36,7 +37,8 @@ from infera.kvd.client import KvdClient, KvdClientError, KvdUnavailable
 
 log = logging.getLogger("infera.engine.vllm")
 
-REPORT_EVERY_S = 5.0
+# how often counters go to the daemon; benchmarks set 0 to read per-request figures from STATS
+REPORT_EVERY_S = float(os.environ.get("INFERA_KVD_REPORT_EVERY_S", "5") or 5)
 
 
 class WorkerHalf:
@@ -124,7 +126,7 @@ class WorkerHalf:
         self.gd_sel = gpudirect.select(
             self.env.ais,
             self.env.hipfile_roots,
-            device_type=layout.device.type,
+            device_type="cuda" if self.gpu_path_on_cpu else layout.device.type,
             rocm=getattr(torch.version, "hip", None) is not None,
             chunk_bytes=self.gpu.chunk_bytes,
         )

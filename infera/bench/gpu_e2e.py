@@ -1,0 +1,474 @@
+"""``kvd bench gpu-e2e``: time to first token on a real GPU with real vLLM, kvd against vLLM's own
+CPU offloading, all measured in one run.
+
+Rows, per prompt length (default 4k and 16k tokens), for a Llama-3.1-8B-shaped model with dummy
+weights in bf16:
+
+| row | how |
+|---|---|
+| recompute | kvd engine, retention ``none`` (nothing loaded or stored), GPU prefix cache reset |
+| vLLM native CPU hit | ``OffloadingConnector`` (``cpu_bytes_to_use``), GPU prefix cache reset |
+| kvd RAM hit, same engine | ``InferaKvdConnector``, GPU prefix cache reset |
+| kvd RAM hit, other engine | a second engine process started after the first stored the prompt |
+| kvd disk hit | the daemon restarted (RAM empty), page cache dropped, chunks read from disk |
+| warm GPU prefix hit | the floor |
+
+Each row is the median of ``--repeat`` requests, after one warm-up GPU hit per process. Ratios are
+to recompute and to the native CPU hit; the effective load bandwidth of a hit is the KV bytes it
+loaded over its TTFT minus the warm-hit TTFT, next to the pinned host-to-device ceiling measured
+at the start of the run, and the worker's own DMA rate.
+
+Correctness: the same processes first run a small Llama with real (random-initialised, saved)
+weights, greedy, several output tokens: every hit case must give recompute's tokens.
+
+Processes: ``native`` (one engine per model), ``kvd-a`` (stores, same-engine hits), ``kvd-b``
+(cross-engine hits; then the orchestrator restarts the daemon and drops the page cache; then disk
+hits). ``--small`` swaps the 8B config for a tiny one: a dry run of the whole script on a CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from infera.errors import KvdError, UsageError
+
+LLAMA_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "hidden_act": "silu",
+    "rope_scaling": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "tie_word_embeddings": False,
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "torch_dtype": "bfloat16",
+    "attention_bias": False,
+    "mlp_bias": False,
+}
+SMALL = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4}
+SMALL.update(num_key_value_heads=2, head_dim=32, vocab_size=4096)
+
+
+def _kv_bytes_per_token(cfg: dict[str, Any], elem: int = 2) -> int:
+    return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * elem
+
+
+def build_timing_model(path: Path, small: bool) -> dict[str, Any]:
+    cfg = dict(LLAMA_8B)
+    if small:
+        cfg.update(SMALL)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg))
+    return cfg
+
+
+def build_check_model(path: Path, small: bool) -> dict[str, Any]:
+    """A small Llama with real (random-initialised, saved) weights: the token oracle."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    dims = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4)
+    if not small:
+        dims = dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8)
+    cfg = LlamaConfig(
+        **dims,
+        num_key_value_heads=dims["num_attention_heads"],
+        head_dim=64 if not small else 32,
+        vocab_size=1000,
+        max_position_embeddings=4096,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
+    return json.loads((path / "config.json").read_text())
+
+
+class Daemon:
+    """The benchmark's daemon: stopped and started again on the same socket and long path."""
+
+    def __init__(self, python: str, workdir: Path, args: list[str]) -> None:
+        self.python = python
+        self.socket = str(workdir / "kvd.sock")
+        self.args = args
+        self.log_path = workdir / "daemon.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> None:
+        from infera.kvd.client import KvdClient, KvdClientError
+
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
+        self.proc = subprocess.Popen(
+            [self.python, "-m", "infera.kvd", "--socket", self.socket, "--log-level", "info", *self.args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise KvdError("the benchmark daemon exited: " + self.log_path.read_text()[-800:])
+            try:
+                with KvdClient(self.socket, want_arena=False, timeout=2) as c:
+                    c.ping()
+                return
+            except KvdClientError:
+                if time.monotonic() > deadline:
+                    raise KvdError("the benchmark daemon did not start in time") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc = None
+
+
+def drop_page_cache(root: Path) -> str:
+    """Make the next reads come from the disk: drop_caches as root, else fadvise every file."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as fh:
+            fh.write("3\n")
+        return "drop_caches"
+    except OSError:
+        pass
+    n = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                n += 1
+            finally:
+                os.close(fd)
+    return f"fadvise DONTNEED on {n} files"
+
+
+def run_engine(
+    python: str,
+    spec_path: Path,
+    role: str,
+    env: dict[str, str],
+    logdir: Path,
+    timeout: float,
+    on_restart: Any = None,
+) -> list[dict[str, Any]]:
+    """One engine process; returns its RESULT/INFO/ERROR records (RESTART runs ``on_restart``)."""
+    log = open(logdir / f"engine-{role}.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [python, "-m", "infera.bench.gpu_e2e_engine", str(spec_path), role],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        env=env,
+    )
+    records: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            print(f"[{role}] {line[:300]}", file=sys.stderr, flush=True)
+            kind, _, body = line.partition(" ")
+            if kind == "RESTART":
+                note = on_restart() if on_restart else "no restart"
+                proc.stdin.write(f"GO {note}\n")
+                proc.stdin.flush()
+            elif kind in ("RESULT", "INFO", "ERROR", "WARN", "DONE"):
+                try:
+                    rec = json.loads(body)
+                except json.JSONDecodeError:
+                    continue
+                rec["_kind"] = kind
+                records.append(rec)
+            if time.monotonic() > deadline:
+                raise KvdError(f"engine {role} ran past {timeout:.0f} s")
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+    if not any(r["_kind"] == "DONE" for r in records):
+        tail = (logdir / f"engine-{role}.log").read_text(errors="replace")[-1500:]
+        records.append({"_kind": "ERROR", "role": role, "error": f"exit {proc.returncode}: {tail}"})
+    return records
+
+
+def _median(rows: list[dict[str, Any]], key: str = "ms") -> float | None:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def summarize(
+    records: list[dict[str, Any]], models: list[dict[str, Any]], ceiling: float | None
+) -> dict[str, Any]:
+    """Rows per model and size, ratios, bandwidth and the token check."""
+    out: dict[str, Any] = {"models": []}
+    by = {(r.get("model"), r.get("role"), r.get("tokens")): r for r in records if r["_kind"] == "RESULT"}
+    for m in models:
+        for n in m["sizes"]:
+            a = by.get((m["name"], "kvd-a", n), {})
+            nat = by.get((m["name"], "native", n), {})
+            b = by.get((m["name"], "kvd-b", n), {})
+            d = by.get((m["name"], "kvd-disk", n), {})
+            warm = a.get("warm") or nat.get("warm") or []
+            floor = _median(warm)
+            cases = {
+                "recompute": a.get("recompute") or [],
+                "native CPU hit": nat.get("hit") or [],
+                "kvd RAM hit, same engine": a.get("hit") or [],
+                "kvd RAM hit, other engine": b.get("cross") or [],
+                "kvd disk hit after restart": d.get("disk") or [],
+                "warm GPU prefix hit": warm,
+            }
+            rec = _median(cases["recompute"])
+            nat_ms = _median(cases["native CPU hit"])
+            rows = []
+            ref = (a.get("recompute") or [{}])[0].get("tokens")
+            disk_ref = [x.get("tokens") for x in a.get("disk_store") or []]
+            for name, samples in cases.items():
+                ms = _median(samples)
+                row: dict[str, Any] = {"case": name, "ms": ms, "n": len(samples)}
+                row["vs_recompute"] = ms / rec if ms and rec else None
+                row["vs_native"] = ms / nat_ms if ms and nat_ms else None
+                if samples and name not in ("recompute", "warm GPU prefix hit"):
+                    cached = statistics.median(s.get("cached", 0) for s in samples)
+                    row["cached_tokens"] = cached
+                    if ms and floor and ms > floor:
+                        row["load_gbps"] = cached * m["bytes_per_token"] / ((ms - floor) / 1000) / 1e9
+                    dma = [s for s in samples if s.get("load_dma_us")]
+                    if dma:
+                        row["dma_gbps"] = statistics.median(
+                            s["load_dma_bytes"] / s["load_dma_us"] / 1e3 for s in dma
+                        )
+                if samples:
+                    want = disk_ref if name.startswith("kvd disk") else [ref] * len(samples)
+                    got = [s.get("tokens") for s in samples]
+                    row["tokens_match"] = bool(ref) and all(
+                        w is not None and g == w for g, w in zip(got, want, strict=False)
+                    )
+                rows.append(row)
+            extra = {
+                "native_store_ms": (nat.get("store") or {}).get("ms"),
+                "kvd_store_ms": (a.get("store") or {}).get("ms"),
+                "seal_wait_s": a.get("seal_wait_s"),
+            }
+            out["models"].append(
+                {"model": m["name"], "tokens": n, "rows": rows, "ceiling_h2d_gbps": ceiling, **extra}
+            )
+    return out
+
+
+def render(summary: dict[str, Any]) -> str:
+    lines = []
+    for block in summary["models"]:
+        ceil = block.get("ceiling_h2d_gbps")
+        head = f"{block['model']}, {block['tokens']} tokens"
+        if ceil:
+            head += f" (pinned H2D ceiling {ceil:.1f} GB/s)"
+        lines.append(head)
+        lines.append(
+            f"  {'case':<28} {'TTFT ms':>8} {'/recomp':>8} {'/native':>8} {'load GB/s':>9} {'DMA GB/s':>8} tokens"
+        )
+        for r in block["rows"]:
+
+            def f(v: Any, fmt: str) -> str:
+                return format(v, fmt) if isinstance(v, int | float) else "-"
+
+            match = {True: "same", False: "DIFFER", None: "-"}[r.get("tokens_match")]
+            lines.append(
+                f"  {r['case']:<28} {f(r['ms'], '8.1f')} {f(r['vs_recompute'], '8.2f')} "
+                f"{f(r['vs_native'], '8.2f')} {f(r.get('load_gbps'), '9.1f')} {f(r.get('dma_gbps'), '8.1f')} {match}"
+            )
+        extras = [
+            f"{k} {v:.1f}"
+            for k, v in block.items()
+            if k.endswith(("_ms", "_s")) and isinstance(v, int | float)
+        ]
+        if extras:
+            lines.append("  " + ", ".join(extras))
+    return "\n".join(lines)
+
+
+def run_gpu_e2e(
+    python: str | None = None,
+    sizes: str = "4096,16384",
+    repeat: int = 3,
+    small: bool = False,
+    check: bool = True,
+    out: str | None = None,
+    native_cpu_gb: float = 8.0,
+    timeout: float = 420.0,
+    json_out: bool = False,
+) -> dict[str, Any]:
+    python = python or sys.executable
+    try:
+        lengths = [int(s) for s in sizes.split(",") if s.strip()]
+    except ValueError:
+        raise UsageError(f"--sizes {sizes!r} must be comma-separated token counts") from None
+    if not lengths or min(lengths) < 512:
+        raise UsageError("--sizes needs prompt lengths of at least 512 tokens")
+    workdir = Path(tempfile.mkdtemp(prefix="kvd-e2e-", dir="/tmp"))
+    logdir = Path(out) if out else workdir
+    logdir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _run(python, lengths, repeat, small, check, workdir, logdir, native_cpu_gb, timeout, json_out)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(
+    python: str,
+    lengths: list[int],
+    repeat: int,
+    small: bool,
+    check: bool,
+    workdir: Path,
+    logdir: Path,
+    native_cpu_gb: float,
+    timeout: float,
+    json_out: bool,
+) -> dict[str, Any]:
+    models: list[dict[str, Any]] = []
+    ceiling = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            from infera.bench.transfer import pinned_ceiling
+
+            ceiling = pinned_ceiling(torch.device("cuda"), size=1 << 30)[0]
+    except ImportError:
+        pass
+    if check:
+        cfg = build_check_model(workdir / "check", small)
+        check_sizes = [600, 1000] if small else [1100, 3000]
+        models.append(
+            {
+                "name": "check: Llama, real random weights",
+                "path": str(workdir / "check"),
+                "max_model_len": 4096,
+                "max_num_batched_tokens": 4096,
+                "sizes": check_sizes,
+                "max_tokens": 8,
+                "vocab": cfg["vocab_size"],
+                "bytes_per_token": _kv_bytes_per_token(cfg),
+                "gpu_memory_utilization": 0.1,
+            }
+        )
+    cfg = build_timing_model(workdir / "timing", small)
+    max_len = max(lengths)
+    models.append(
+        {
+            "name": "Llama-3.1-8B shape, dummy weights" if not small else "small Llama, dummy weights",
+            "path": str(workdir / "timing"),
+            "load_format": "dummy",
+            "max_model_len": max_len + 512,
+            "max_num_batched_tokens": max(max_len, 2048),
+            "sizes": lengths,
+            "max_tokens": 1,
+            "vocab": cfg["vocab_size"],
+            "bytes_per_token": _kv_bytes_per_token(cfg),
+            "gpu_memory_utilization": 0.3,
+        }
+    )
+    need = sum((repeat + 2) * n * m["bytes_per_token"] for m in models for n in m["sizes"])
+    arena = int(need * 1.3) + (1 << 30)
+    long_path = workdir / "long"
+    daemon = Daemon(
+        python,
+        workdir,
+        ["--max-bytes", str(arena), "--long-path", str(long_path), "--long-bytes", str(int(arena * 1.5))],
+    )
+    spec = {
+        "models": models,
+        "repeat": repeat,
+        "native_cpu_bytes": int(native_cpu_gb * 1e9),
+        "gpu_memory_utilization": None if small else 0.3,
+        "kv_cache_bytes": (256 << 20) if small else None,
+    }
+    spec_path = workdir / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    env = {
+        **os.environ,
+        "INFERA_KVD_SOCKET": daemon.socket,
+        "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0"),
+        "INFERA_KVD_REPORT_EVERY_S": "0",
+        "VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0"),
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    records: list[dict[str, Any]] = []
+    notes: dict[str, Any] = {}
+    daemon.start()
+
+    def restart() -> str:
+        t = time.monotonic()
+        daemon.stop()
+        how = drop_page_cache(long_path)
+        daemon.start()
+        notes["restart"] = {"page_cache": how, "seconds": round(time.monotonic() - t, 1)}
+        return how
+
+    started = time.monotonic()
+    try:
+        for role in ("native", "kvd-a", "kvd-b"):
+            records += run_engine(
+                python, spec_path, role, env, logdir, timeout, restart if role == "kvd-b" else None
+            )
+    finally:
+        daemon.stop()
+        shutil.copy(daemon.log_path, logdir / "daemon.log") if logdir != workdir else None
+    summary = summarize(records, models, ceiling)
+    summary.update(
+        date=time.strftime("%Y-%m-%d"),
+        seconds=round(time.monotonic() - started),
+        repeat=repeat,
+        notes=notes,
+        errors=[r for r in records if r["_kind"] in ("ERROR", "WARN")],
+        info=[r for r in records if r["_kind"] == "INFO"],
+    )
+    (logdir / "results.json").write_text(json.dumps({"summary": summary, "records": records}, indent=1))
+    if json_out:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(render(summary))
+        for e in summary["errors"]:
+            print(f"{e['_kind']}: {json.dumps(e)[:400]}")
+    return summary

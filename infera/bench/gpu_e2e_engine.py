@@ -1,0 +1,239 @@
+"""One engine process of ``kvd bench gpu-e2e`` (runs in a Python that has vLLM).
+
+``python -m infera.bench.gpu_e2e_engine SPEC.json ROLE`` with ROLE one of:
+
+* ``native``: vLLM's own ``OffloadingConnector`` (CPU offload). Per prompt length: the cold
+  prefill that stores the prompt, then ``repeat`` CPU hits (GPU prefix cache reset before each),
+  then ``repeat`` warm GPU prefix hits.
+* ``kvd-a``: ``InferaKvdConnector``. ``repeat`` recomputes (retention ``none``, cache reset),
+  the store of the main prompt and of ``repeat`` disk prompts, then ``repeat`` kvd RAM hits
+  (cache reset before each) and ``repeat`` warm GPU hits.
+* ``kvd-b``: a second kvd engine started after ``kvd-a`` exited: ``repeat`` cross-engine RAM
+  hits of the main prompt; then it prints ``RESTART`` and waits for ``GO`` on stdin while the
+  orchestrator restarts the daemon (page cache dropped); then one disk hit per disk prompt.
+
+Each model of the spec (a small real-weight one for correctness, the timing one) gets its own
+``LLM``, created in turn and kept alive. Before measuring, every engine serves a 512-token prompt
+twice (the second time a GPU hit) and one prompt of each length (first-shape warm-up). Time to
+first token is the wall time of ``generate`` for ``max_tokens`` tokens (1 for timing models).
+Prints ``RESULT {json}`` per model and phase; the orchestrator collects them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from typing import Any
+
+ROLES = ("native", "kvd-a", "kvd-b")
+
+
+def prompt(tag: str, n: int, vocab: int) -> list[int]:
+    r = random.Random(f"{tag}-{n}")
+    return [r.randrange(10, vocab - 10) for _ in range(n)]
+
+
+def emit(kind: str, **fields: Any) -> None:
+    print(f"{kind} " + json.dumps(fields), flush=True)
+
+
+class Engine:
+    def __init__(self, model: dict[str, Any], role: str, spec: dict[str, Any]) -> None:
+        from vllm import LLM, SamplingParams
+
+        self.model = model
+        self.role = role
+        self.spec = spec
+        self.sp = SamplingParams
+        kw: dict[str, Any] = dict(
+            model=model["path"],
+            skip_tokenizer_init=True,
+            enforce_eager=True,
+            enable_prefix_caching=True,
+            seed=0,
+            max_model_len=model["max_model_len"],
+            max_num_batched_tokens=model["max_num_batched_tokens"],
+            max_num_seqs=4,
+            disable_log_stats=False,
+        )
+        if model.get("load_format"):
+            kw["load_format"] = model["load_format"]
+        if spec.get("gpu_memory_utilization"):
+            kw["gpu_memory_utilization"] = model.get("gpu_memory_utilization", spec["gpu_memory_utilization"])
+        if spec.get("kv_cache_bytes"):
+            kw["kv_cache_memory_bytes"] = int(spec["kv_cache_bytes"])
+        if role == "native":
+            kw["kv_transfer_config"] = {
+                "kv_connector": "OffloadingConnector",
+                "kv_role": "kv_both",
+                "kv_connector_extra_config": {"cpu_bytes_to_use": int(spec["native_cpu_bytes"])},
+            }
+        else:
+            kw["kv_transfer_config"] = {
+                "kv_connector": "InferaKvdConnector",
+                "kv_role": "kv_both",
+                "kv_connector_module_path": "infera.engine.vllm.kvd_connector",
+                "kv_load_failure_policy": "recompute",
+            }
+        started = time.perf_counter()
+        self.llm = LLM(**kw)
+        self.start_s = time.perf_counter() - started
+        emit("INFO", model=model["name"], role=role, engine_start_s=round(self.start_s, 1))
+
+    def gen(self, ids: list[int], retention: str | None = None) -> dict[str, Any]:
+        from vllm.inputs import TokensPrompt
+
+        extra = {"kv_transfer_params": {"infera_retention": retention}} if retention else None
+        sp = self.sp(
+            temperature=0.0,
+            max_tokens=int(self.model["max_tokens"]),
+            ignore_eos=True,
+            detokenize=False,
+            extra_args=extra,
+        )
+        t = time.perf_counter()
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
+        ms = (time.perf_counter() - t) * 1000
+        return {
+            "ms": ms,
+            "tokens": list(out.outputs[0].token_ids),
+            "cached": int(out.num_cached_tokens or 0),
+        }
+
+    def reset(self) -> None:
+        if not self.llm.reset_prefix_cache():
+            emit("WARN", model=self.model["name"], what="reset_prefix_cache returned False")
+
+    def poke(self) -> None:
+        """A short request: one more engine step (the worker reports its counters there)."""
+        self.gen(prompt(f"poke-{time.monotonic_ns()}", 8, self.model["vocab"]), "none")
+
+    def warm_up(self) -> None:
+        v = self.model["vocab"]
+        w = prompt("warm", 512, v)
+        self.gen(w, "none")
+        self.gen(w, "none")  # a GPU prefix hit
+        for n in self.model["sizes"]:
+            self.reset()
+            self.gen(prompt("shape", n, v), "none")
+
+
+# -- daemon counters (kvd roles) -------------------------------------------------------------------
+def worker_counters(model_path: str) -> dict[str, float]:
+    from infera.kvd.client import KvdClient, KvdClientError
+
+    try:
+        with KvdClient(os.environ["INFERA_KVD_SOCKET"], want_arena=False, timeout=5) as c:
+            for cl in c.stats().get("clients", []):
+                if str(cl.get("role", "")).startswith("vllm-worker") and cl.get("model") == model_path:
+                    return dict(cl.get("counters") or {})
+    except KvdClientError:
+        pass
+    return {}
+
+
+def wait_stored(timeout: float = 60.0) -> float:
+    """Until the daemon's chunk count stops growing (saves are sealed after their DMA)."""
+    from infera.kvd.client import KvdClient
+
+    started = time.monotonic()
+    last, stable = -1, 0
+    with KvdClient(os.environ["INFERA_KVD_SOCKET"], want_arena=False, timeout=5) as c:
+        while time.monotonic() - started < timeout:
+            n = int(c.stats().get("sets_total", 0))
+            stable = stable + 1 if n == last else 0
+            if stable >= 3:
+                break
+            last = n
+            time.sleep(0.1)
+    return time.monotonic() - started
+
+
+def timed_hit(e: Engine, ids: list[int], retention: str | None = None) -> dict[str, Any]:
+    """One measured hit; for kvd engines also the worker's DMA figures for it."""
+    kvd = e.role != "native"
+    before = worker_counters(e.model["path"]) if kvd else {}
+    e.reset()
+    r = e.gen(ids, retention)
+    if kvd:
+        e.poke()
+        after = worker_counters(e.model["path"])
+        for k in ("load_dma_us", "load_dma_bytes", "load_us", "load_chunks", "load_direct_bytes"):
+            r[k] = after.get(k, 0) - before.get(k, 0)
+    return r
+
+
+def run(spec: dict[str, Any], role: str) -> None:
+    R = int(spec["repeat"])
+    engines = []
+    for model in spec["models"]:
+        try:
+            e = Engine(model, role, spec)
+        except Exception as exc:
+            emit("ERROR", model=model["name"], role=role, error=f"{type(exc).__name__}: {exc}"[:2000])
+            continue
+        e.warm_up()
+        engines.append(e)
+        v = model["vocab"]
+        for n in model["sizes"]:
+            P = prompt("main", n, v)
+            out: dict[str, Any] = {"model": model["name"], "role": role, "tokens": n}
+            if role == "native":
+                e.reset()
+                out["store"] = e.gen(P)
+                e.poke()
+                time.sleep(1.0)  # its saves are asynchronous
+                e.poke()
+                out["hit"] = [timed_hit(e, P) for _ in range(R)]
+                out["warm"] = [e.gen(P) for _ in range(R)]
+            elif role == "kvd-a":
+                out["recompute"] = []
+                for _ in range(R):
+                    e.reset()
+                    out["recompute"].append(e.gen(P, "none"))
+                e.reset()
+                out["store"] = e.gen(P, "long")
+                out["disk_store"] = []
+                for i in range(R):
+                    e.reset()
+                    out["disk_store"].append(e.gen(prompt(f"disk{i}", n, v), "long"))
+                out["seal_wait_s"] = wait_stored()
+                out["hit"] = [timed_hit(e, P) for _ in range(R)]
+                out["warm"] = [e.gen(P) for _ in range(R)]
+            else:
+                out["cross"] = [timed_hit(e, P) for _ in range(R)]
+            emit("RESULT", **out)
+    if role != "kvd-b":
+        return
+    print("RESTART", flush=True)
+    line = sys.stdin.readline().strip()
+    emit("INFO", restart=line)
+    for e in engines:
+        v = e.model["vocab"]
+        # a stored request makes the worker reopen its connection (and register the new arena
+        # mapping) now, not inside the first timed disk hit
+        e.reset()
+        e.gen(prompt(f"reconnect-{time.time_ns()}", 512, v), "long")
+        e.poke()
+        for n in e.model["sizes"]:
+            disk = [timed_hit(e, prompt(f"disk{i}", n, v)) for i in range(R)]
+            emit("RESULT", model=e.model["name"], role="kvd-disk", tokens=n, disk=disk)
+
+
+def main() -> None:
+    with open(sys.argv[1]) as fh:
+        spec = json.load(fh)
+    role = sys.argv[2]
+    if role not in ROLES:
+        raise SystemExit(f"role must be one of {ROLES}")
+    run(spec, role)
+    emit("DONE", role=role)
+    sys.stdout.flush()
+    os._exit(0)  # skip vLLM's slow teardown
+
+
+if __name__ == "__main__":
+    main()
