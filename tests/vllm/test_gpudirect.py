@@ -108,9 +108,9 @@ def test_binding_call_sequence_and_hipfile_names(tmp_path: Path) -> None:
         assert names[0] == "DriverOpen" and names[-1] == "DriverClose"
         assert names[1:4] == ["HandleRegister", "Write", "HandleDeregister"]
         assert names[4:7] == ["HandleRegister", "Read", "HandleDeregister"]
-        reg = [c for c in lib.calls if c[0] == "HandleRegister"][0]
+        reg = next(c for c in lib.calls if c[0] == "HandleRegister")
         assert reg[1] == gpudirect.HANDLE_TYPE_OPAQUE_FD
-        write = [c for c in lib.calls if c[0] == "Write"][0]
+        write = next(c for c in lib.calls if c[0] == "Write")
         assert write[2:] == (8192, cf.HEADER_SIZE, 0), "payload from device offset 0 to file offset 4096"
         assert not lib.handles, "every handle is deregistered"
         assert path == cf.chunk_path(str(tmp_path / flavor.name), "ns/one", b"k" * 32)
