@@ -216,6 +216,8 @@ def run_engine(
                     continue
                 rec["_kind"] = kind
                 records.append(rec)
+                with open(logdir / "records.jsonl", "a") as fh:  # survives a run cut short
+                    fh.write(json.dumps(rec) + "\n")
             if time.monotonic() > deadline:
                 raise KvdError(f"engine {role} ran past {timeout:.0f} s")
         proc.wait(30)
@@ -390,6 +392,7 @@ def _run(
                 "vocab": cfg["vocab_size"],
                 "bytes_per_token": _kv_bytes_per_token(cfg),
                 "gpu_memory_utilization": 0.1,
+                "native_cpu_bytes": 1 << 30,
             }
         )
     cfg = build_timing_model(workdir / "timing", small)

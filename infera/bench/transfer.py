@@ -142,6 +142,7 @@ def run_case(
     repeat: int,
     register: bool,
     device: Any,
+    staging_bytes: int = 256 << 20,
 ) -> dict[str, Any]:
     """One row: a worker on fresh KV tensors; ``repeat`` save+load rounds; medians."""
     import torch
@@ -161,7 +162,7 @@ def run_case(
     num_blocks = 2 * nchunks * bpc + 8
     caches = make_caches(shape, dtype, layout, num_blocks, device)
     ns = make_namespace(_facts(shape, dtype, bpt), chunk_tokens)
-    env = ConnectorEnv(socket=sock, register=register)
+    env = ConnectorEnv(socket=sock, register=register, gpu_staging_bytes=staging_bytes)
     role = f"bench-transfer-{os.getpid()}"
     link = DaemonLink(sock, ns, role=role, name="kvd bench transfer", model=shape.name, want_arena=True)
     on_cpu = device.type == "cpu"
@@ -279,6 +280,7 @@ def run_transfer_bench(
     unregistered: bool = True,
     json_out: bool = False,
     device_name: str = "cuda",
+    staging_mib: int = 256,
 ) -> dict[str, Any]:
     from infera.bench.common import machine_line, temp_daemon
 
@@ -309,11 +311,13 @@ def run_transfer_bench(
         "ceiling_h2d_gbps": h2d,
         "ceiling_d2h_gbps": d2h,
         "tokens": tokens,
+        "staging_mib": staging_mib,
         "rows": [],
     }
     if not json_out:
         print(f"{out['gpu']} · {out['machine']} · torch {out['torch']}", file=sys.stderr)
         print(f"pinned ceiling: H2D {h2d:.1f} GB/s, D2H {d2h:.1f} GB/s (1 GiB copy_)", file=sys.stderr)
+        print(HEAD, file=sys.stderr)
     with temp_daemon("--max-bytes", str(arena)) as (sock, _proc):
         cases = []
         seen = set()
@@ -330,7 +334,7 @@ def run_transfer_bench(
             mid = sorted(chunks)[len(chunks) // 2]
             cases.append((shapes[0], dts[0], lays[0], mid, False))
         for shape, dtype, layout, chunk, reg in cases:
-            row = run_case(sock, shape, dtype, layout, chunk, tokens, repeat, reg, device)
+            row = run_case(sock, shape, dtype, layout, chunk, tokens, repeat, reg, device, staging_mib << 20)
             row["save_ratio"] = row["save_gbps"] / d2h
             row["load_ratio"] = row["load_gbps"] / h2d
             out["rows"].append(row)
@@ -353,7 +357,7 @@ def _line(r: dict[str, Any]) -> str:
     size = r["chunk_bytes"] / MIB
     path = r["data_path"] or "?"
     if r.get("fallback"):
-        path += f" (fallback: {r.get('fallback_reason')})"
+        path += f" (fallback: {str(r.get('fallback_reason'))[:70]})"
     return (
         f"{r['model']:<26} {r['dtype']:<5} {r['layout']:<5} {size:>5.1f}Mi {r['save_gbps']:>9.1f} "
         f"{r['save_ratio']:>6.2f} {r['load_gbps']:>9.1f} {r['load_ratio']:>6.2f} "

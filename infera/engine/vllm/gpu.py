@@ -308,6 +308,16 @@ class GpuCopier:
             f"{self.chunk_bytes} bytes per DMA group), indexed copies as {self.dtype}".replace("torch.", "")
         )
 
+    def _index(self, values: Any) -> torch.Tensor:
+        """Block ids as a device tensor without stalling the CPU: ``torch.tensor(..., device=)``
+        copies from pageable memory and waits for the whole current stream, which here is
+        queued behind DMAs, so the pipeline would run one group at a time (measured on the
+        H200: 0.5 of the link instead of 0.9). Pinned memory and a non-blocking copy instead."""
+        t = torch.tensor(values, dtype=torch.long)
+        if self.device.type == "cpu":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
+
     def _count(self, name: str, n: int) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
 
@@ -409,10 +419,9 @@ class GpuCopier:
         use = [keep is None or keep[i] for i in range(n)]
         whole = [i for i, it in enumerate(group) if use[i] and it.skip == 0 and it.stop == self.bpc]
         parts = [i for i, it in enumerate(group) if use[i] and (it.skip or it.stop != self.bpc)]
-        dev = self.device
         if whole:
-            ids = torch.tensor([group[i].block_ids for i in whole], dtype=torch.long, device=dev)
-            pick = None if len(whole) == n else torch.tensor(whole, dtype=torch.long, device=dev)
+            ids = self._index([group[i].block_ids for i in whole])
+            pick = None if len(whole) == n else self._index(whole)
             if self.stacked is not None:
                 rows = self._stacked_src(region, n)
                 rows = rows if pick is None else rows[pick]
@@ -423,7 +432,7 @@ class GpuCopier:
                     dst[ids] = src if pick is None else src[pick]
         for i in parts:
             it = group[i]
-            ids = torch.tensor(it.block_ids[it.skip : it.stop], dtype=torch.long, device=dev)
+            ids = self._index(it.block_ids[it.skip : it.stop])
             if self.stacked is not None:
                 self.stacked[:, ids] = self._stacked_src(region, n)[i, :, it.skip : it.stop]
             else:
@@ -478,7 +487,7 @@ class GpuCopier:
 
     def _gather(self, group: Sequence[SaveItem], region: torch.Tensor) -> None:
         n = len(group)
-        ids = torch.tensor([it.block_ids for it in group], dtype=torch.long, device=self.device).view(-1)
+        ids = self._index([it.block_ids for it in group]).view(-1)
         if self.stacked is not None:
             picked = self.stacked.index_select(1, ids).view(self.n_layers, n, self.bpc, -1)
             self._stacked_src(region, n).copy_(picked.transpose(0, 1))

@@ -402,7 +402,7 @@ class ChunkFiles:
         final = self.path(key)
         d, base = os.path.split(final)
         tmp = os.path.join(d, f".{base}.{os.getpid()}.gd{cf.TMP_SUFFIX}")
-        fd = self._open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC)
+        fd = self._open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC)  # cuFile wants O_RDWR
         handle = 0
         try:
             hb = _aligned_header()

@@ -206,7 +206,7 @@ class WorkerHalf:
             self._fail_all(jobs)
             return
         if self.gpu is not None:
-            self._load_gpu(jobs, keys, items, client, arena)
+            self._load_gpu(jobs, keys, items, client, arena, direct)
             return
         tokens: list[int] = []
         pos = 0
@@ -248,6 +248,7 @@ class WorkerHalf:
         items: list[Any],
         client: KvdClient,
         arena: torch.Tensor,
+        direct: bool,
     ) -> None:
         gpu = self.gpu
         assert gpu is not None
@@ -262,7 +263,7 @@ class WorkerHalf:
                 pos += 1
                 if item is not None:
                     tokens.append(item[0])
-                if not ch.chunk_hash or (item is None and self.gd is None):
+                if not ch.chunk_hash or (item is None and not direct):
                     self._fail_chunk(ch.block_ids[ch.skip : ch.stop], "missing")
                     continue
                 stop = len(ch.block_ids) if ch.stop is None else ch.stop

@@ -450,11 +450,13 @@ class DiskTier:
         """Chunks a client meant to persist itself but could not: write them the usual way."""
         n = 0
         for ikey in ikeys:
-            chunk = self.store.index.get(ikey)
+            # the client's SEAL may still be on its way: a pending chunk is written at its seal
+            chunk = self.store.index.get(ikey) or self.store.pending.get(ikey)
             if chunk is None or chunk.retention != LONG or self.fkey(ikey) in self.index:
                 continue
             chunk.on_long = False
-            self._on_seal(chunk)
+            if chunk.sealed:
+                self._on_seal(chunk)
             n += 1
         return n
 

@@ -1,0 +1,153 @@
+"""The GPU copy path on a real CUDA/ROCm device: skipped where torch or a GPU is missing (CI).
+
+What only a GPU can show: the copies are really asynchronous, so the stream ordering must hold
+(a save's gather sees the KV the forward wrote, and the next step cannot overwrite blocks before
+the gather read them; a load's scatter lands before the next kernel on the compute stream), the
+arena registration works on a memfd mapping from the daemon, and the GPU checksum equals the
+CPU one. Run on the H200 machine (docs/benchmarks.md, "GPU data path").
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA/ROCm device", allow_module_level=True)
+
+from infera.engine.vllm.config import ConnectorEnv  # noqa: E402
+from infera.engine.vllm.gpu import ArenaPin, GpuCopier, LoadItem, SaveItem  # noqa: E402
+from infera.engine.vllm.gpudirect import gpu_wsum31  # noqa: E402
+from infera.engine.vllm.keys import EngineFacts, make_namespace  # noqa: E402
+from infera.engine.vllm.layout import KVLayout  # noqa: E402
+from infera.engine.vllm.link import DaemonLink  # noqa: E402
+from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob  # noqa: E402
+from infera.engine.vllm.worker import WorkerHalf  # noqa: E402
+from infera.kvd import chunkfile as cf  # noqa: E402
+
+DEV = torch.device("cuda")
+B = 64
+
+
+def caches(layout: str, L: int = 8, H: int = 4, N: int = 16, D: int = 64) -> dict[str, Any]:
+    if layout == "0.26":
+        return {
+            f"model.layers.{i}.attn": torch.randn(B, N, H, 2 * D, device=DEV)
+            .to(torch.bfloat16)
+            .permute(0, 2, 1, 3)
+            for i in range(L)
+        }
+    buf = torch.randn(L, B, N, H, 2 * D, device=DEV).to(torch.bfloat16)
+    return {f"model.layers.{i}.attn": buf[i].permute(0, 2, 1, 3) for i in range(L)}
+
+
+@pytest.mark.parametrize("layout", ["0.26", "0.29"])
+@pytest.mark.parametrize("pinned", [True, False])
+def test_round_trip_on_the_gpu(layout: str, pinned: bool) -> None:
+    kv = caches(layout)
+    lay = KVLayout.from_caches(kv, B)
+    bpc = 2
+    cb = lay.chunk_bytes(bpc)
+    copier = GpuCopier(lay, bpc, staging_bytes=6 * cb)
+    arena = torch.zeros(cb * 24, dtype=torch.uint8)
+    pin = ArenaPin(enabled=pinned)
+    pin.attach(arena)
+    assert pin.pinned == pinned, pin.error
+    src = [[2 * i, 2 * i + 1] for i in range(10)]
+    saves = [SaveItem(ids, (i + 1) * cb, cb, i) for i, ids in enumerate(src)]
+    sealed: list[int] = []
+    copier.save(saves, arena, sealed.extend)
+    copier.drain()
+    assert sealed == list(range(10))
+    for it in saves:
+        ref = torch.empty(cb, dtype=torch.uint8, device=DEV)
+        lay.gather(it.block_ids, ref)
+        assert torch.equal(arena[it.offset : it.offset + cb], ref.cpu())
+    dst = [[40 + 2 * i, 41 + 2 * i] for i in range(10)]
+    done: list[int] = []
+    copier.load(
+        [LoadItem(d, 0, 2, saves[i].offset, cb) for i, d in enumerate(dst)], arena, lambda: done.append(1)
+    )
+    torch.cuda.current_stream().synchronize()  # the scatter is on the compute stream
+    for t in kv.values():
+        assert torch.equal(t[[b for d in dst for b in d]], t[[b for s in src for b in s]])
+    copier.drain()
+    assert done == [1]
+    pin.detach()
+
+
+def test_save_sees_the_forward_and_the_next_step_waits_for_the_gather() -> None:
+    kv = caches("0.26", L=4)
+    lay = KVLayout.from_caches(kv, B)
+    copier = GpuCopier(lay, 2, staging_bytes=64 << 20)
+    cb = copier.chunk_bytes
+    arena = torch.zeros(cb * 40, dtype=torch.uint8)
+    pin = ArenaPin()
+    pin.attach(arena)
+    t0 = next(iter(kv.values()))
+    ids = [[2 * i, 2 * i + 1] for i in range(32)]
+    torch.cuda._sleep(50_000_000)  # a long "forward" still running on the compute stream...
+    for t in kv.values():
+        t[:64].fill_(3.0)  # ...that writes the KV the save must see
+    copier.save([SaveItem(b, i * cb, cb, i) for i, b in enumerate(ids)], arena, lambda toks: None)
+    copier.before_forward()  # next step
+    for t in kv.values():
+        t[:64].fill_(-1.0)  # would corrupt the saved chunks if it ran before the gather
+    copier.drain()
+    assert bool((t0[:64] == -1.0).all())
+    payload = arena[: 32 * cb].view(torch.bfloat16)
+    assert bool((payload == 3.0).all()), "every saved byte is the forward's, none the next step's"
+    pin.detach()
+
+
+def test_gpu_checksum_equals_the_cpu_one() -> None:
+    for n in (4096, (1 << 18) + 6, 17 << 20):
+        data = torch.randint(0, 256, (n,), dtype=torch.uint8, device=DEV)
+        assert gpu_wsum31(data) == cf.wsum31(data.cpu().numpy().tobytes())
+
+
+FACTS = EngineFacts(
+    model="/m/gpu", model_type="llama", num_layers=8, total_kv_heads=4, kv_heads_per_rank=4, head_size=64,
+    use_mla=False, dtype="bfloat16", kv_cache_dtype="auto", block_size=16, hash_block_size=16,
+    bytes_per_token=8 * 4 * 128 * 2, tp_size=1, pp_size=1, hash_algo="sha256", hash_seed="fixed",
+    vllm_version="0.26", platform="cuda",
+)  # fmt: skip
+
+
+def test_worker_registers_the_daemon_arena_and_round_trips(daemon: Any) -> None:
+    ns = make_namespace(FACTS, 32)
+    link = DaemonLink(daemon.socket, ns, role="vllm-worker-0", name="t", model="/m/gpu", want_arena=True)
+    w = WorkerHalf(
+        ns,
+        ConnectorEnv(socket=daemon.socket),
+        rank=0,
+        replicated=False,
+        link=link,
+        blockers=[],
+        num_blocks=B,
+        block_size=16,
+    )
+    kv = caches("0.26")
+    w.register(kv)
+    assert w.gpu is not None and w.pin.pinned, w.pin.error
+    hashes = [os.urandom(16) for _ in range(8)]
+    src = [[2 * i, 2 * i + 1] for i in range(8)]
+    w.save(
+        InferaKvdMetadata(saves=[RequestJob("r", [ChunkJob(h, s) for h, s in zip(hashes, src, strict=True)])])
+    )
+    w.gpu.drain()
+    w.link.client().ping()
+    dst = [[32 + 2 * i, 33 + 2 * i] for i in range(8)]
+    w.load(
+        InferaKvdMetadata(loads=[RequestJob("r", [ChunkJob(h, d) for h, d in zip(hashes, dst, strict=True)])])
+    )
+    torch.cuda.synchronize()
+    assert not w.take_load_errors()
+    for t in kv.values():
+        assert torch.equal(t[[b for d in dst for b in d]], t[[b for s in src for b in s]])
+    fields = w.report_fields()
+    assert fields["data_path"] == "arena-pinned" and not fields["fallback"]
+    w.close()
