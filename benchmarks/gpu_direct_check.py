@@ -41,6 +41,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--fake", action="store_true", help="CPU dry run with the fake library")
     ap.add_argument("--buffered", action="store_true", help="open chunk files without O_DIRECT")
+    ap.add_argument("--any-fs", action="store_true", help="skip the filesystem check (experiments on tmpfs)")
     args = ap.parse_args()
 
     import torch
@@ -70,10 +71,19 @@ def main() -> int:
     except OSError as exc:
         out["host"]["library"] = f"not found: {exc}"
     rocm = getattr(torch.version, "hip", None) is not None
+    try:  # the raw calls first, whatever selection decides
+        flavor = gd.HIPFILE if rocm else gd.CUFILE
+        raw = gd.FileApi(gd.load_library(flavor), flavor)
+        raw.driver_open()
+        out["probe"] = probe(raw, root, torch, dev)
+    except Exception as exc:
+        out["probe"] = {"error": f"{type(exc).__name__}: {exc}"}
+        print("probe failed:", out["probe"]["error"])
     cb = args.chunk_mib << 20
     sels = {}
     for ais in ("auto", "1"):
-        s = gd.select(ais, {"long": str(root)}, device_type="cuda", rocm=rocm, chunk_bytes=cb)
+        f = gd.HostFacts(facts.nvidia_fs, facts.amdgpu_version, lambda p: "ext4") if args.any_fs else facts
+        s = gd.select(ais, {"long": str(root)}, device_type="cuda", rocm=rocm, chunk_bytes=cb, facts=f)
         sels[ais] = s
         out[f"select_{ais}"] = {
             "active": s.active,
@@ -85,13 +95,15 @@ def main() -> int:
         print(
             f"INFERA_KVD_AIS={ais}: active={s.active} path={s.path_name or '-'} fallback={s.fallback} reason={s.reason()}"
         )
+    if args.any_fs:
+        forced = gd.HostFacts(facts.nvidia_fs, facts.amdgpu_version, lambda p: "ext4")
+        gd.host_facts = lambda: forced  # type: ignore[assignment]
     sel = sels["1"]
     if not sel.active or sel.api is None:
         print("GPU-direct is not usable here; nothing more to check")
         out["ok"] = False
         return finish(out, args.json)
 
-    out["probe"] = probe(sel.api, root, torch, dev)
     # 2. chunk files from and into GPU memory
     try:
         files = gd.ChunkFiles(

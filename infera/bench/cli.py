@@ -179,7 +179,7 @@ def transfer(
     ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     device: str = typer.Option("cuda", "--device", help="cuda, or cpu for a dry run of the code paths."),
-    staging_mib: int = typer.Option(256, "--staging-mib", help="GPU staging (INFERA_KVD_GPU_STAGING_MB)."),
+    staging_mib: int = typer.Option(768, "--staging-mib", help="GPU staging (INFERA_KVD_GPU_STAGING_MB)."),
 ) -> None:
     """GPU KV <-> daemon arena through the worker's real save/load code, vs the pinned copy ceiling."""
     from infera.bench.transfer import run_transfer_bench

@@ -142,7 +142,7 @@ def run_case(
     repeat: int,
     register: bool,
     device: Any,
-    staging_bytes: int = 256 << 20,
+    staging_bytes: int = 768 << 20,
 ) -> dict[str, Any]:
     """One row: a worker on fresh KV tensors; ``repeat`` save+load rounds; medians."""
     import torch
@@ -280,7 +280,7 @@ def run_transfer_bench(
     unregistered: bool = True,
     json_out: bool = False,
     device_name: str = "cuda",
-    staging_mib: int = 256,
+    staging_mib: int = 768,
 ) -> dict[str, Any]:
     from infera.bench.common import machine_line, temp_daemon
 

@@ -22,11 +22,12 @@ def _aligned(n: int) -> mmap.mmap:
 
 
 class FakeFileLib:
-    def __init__(self, prefix: str = "cuFile", open_error: int = 0) -> None:
+    def __init__(self, prefix: str = "cuFile", open_error: int = 0, register_error: int = 0) -> None:
         self.prefix = prefix
         self.calls: list[tuple[Any, ...]] = []
         self.handles: dict[int, int] = {}
         self.open_error = open_error
+        self.register_error = register_error
         self._next = 1000
         lib = self
 
@@ -41,6 +42,8 @@ class FakeFileLib:
         def handle_register(handle_ref: Any, descr_ref: Any) -> _Err:
             descr = descr_ref._obj
             lib.calls.append(("HandleRegister", descr.type, descr.handle.fd))
+            if lib.register_error:
+                return _Err(lib.register_error, 0)
             lib._next += 1
             lib.handles[lib._next] = descr.handle.fd
             handle_ref._obj.value = lib._next

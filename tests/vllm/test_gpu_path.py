@@ -268,3 +268,42 @@ def test_daemon_restart_unregisters_then_registers_the_new_mapping(daemon: Any) 
     with daemon.client(want_arena=False) as c:
         assert c.stats()["sets_total"] == 1
     w.close()
+
+
+@pytest.mark.parametrize("rounds", [3])
+def test_disk_hits_after_a_restart_load_exact_bytes(start_daemon: Any, short_tmp: Any, rounds: int) -> None:
+    """Chunks promoted from the disk tier by several reader threads land intact in the blocks."""
+    d = start_daemon("--max-bytes", "64M", "--long-path", str(short_tmp / "long"), "--long-bytes", "256M")
+    caches = per_layer_nhd(L=4, N=16, D=16)  # 16 KiB chunks
+    w = gpu_worker(d.socket)
+    w.register(caches)
+    n = 15
+    for r in range(rounds):
+        for t in caches.values():
+            t.copy_(torch.randn(t.shape).to(t.dtype))
+        hashes = [bytes([r, i]) * 8 for i in range(n)]
+        src = [[2 * i, 2 * i + 1] for i in range(n)]
+        w.save(
+            InferaKvdMetadata(
+                saves=[RequestJob("r", [ChunkJob(h, s) for h, s in zip(hashes, src, strict=True)])]
+            )
+        )
+        w.gpu.drain()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with d.client(want_arena=False) as c:
+                if c.stats()["tiers"]["long"]["files_written"] >= n * (r + 1):
+                    break
+            time.sleep(0.05)
+        d.restart()
+        before = {k: t.clone() for k, t in caches.items()}
+        dst = [[30 + i % 5 * 2, 31 + i % 5 * 2] for i in range(n)]
+        for lo in range(0, n, 5):  # three loads of five chunks, each from disk
+            jobs = [ChunkJob(hashes[i], dst[i]) for i in range(lo, lo + 5)]
+            w.load(InferaKvdMetadata(loads=[RequestJob("r", jobs)]))
+            w.gpu.drain()
+            assert not w.take_load_errors()
+            for k, t in caches.items():
+                for i in range(lo, lo + 5):
+                    assert torch.equal(t[dst[i]], before[k][src[i]]), (r, i, k)
+    w.close()

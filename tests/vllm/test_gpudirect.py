@@ -83,6 +83,14 @@ def test_missing_library_and_driver(tmp_path: Path) -> None:
     assert not sel.active and "error 5030" in (sel.reason() or "")
 
 
+def test_a_volume_cufile_cannot_register_turns_it_off_at_start(tmp_path: Path) -> None:
+    """What the H200 VM does: the driver opens, every HandleRegister fails with 5027."""
+    lib = FakeFileLib(register_error=5027)
+    sel = choose(tmp_path, "1", facts=COMPAT, lib=lib)
+    assert not sel.active and sel.fallback and "error 5027" in (sel.reason() or "")
+    assert lib.names()[-1] == "DriverClose" and not os.listdir(tmp_path), "probe file removed"
+
+
 def test_compat_mode_is_detected_and_reported(tmp_path: Path) -> None:
     auto = choose(tmp_path, "auto", facts=COMPAT)
     assert not auto.active and auto.fallback and "compat mode" in (auto.reason() or "")

@@ -34,7 +34,7 @@ class ConnectorEnv:
     chunk_tokens: int | None = None
     ais: str = "0"
     hipfile_roots: dict[str, str] = field(default_factory=dict)
-    gpu_staging_bytes: int = 256 << 20
+    gpu_staging_bytes: int = 768 << 20
     register: bool = True
 
     @property
@@ -83,9 +83,9 @@ def parse_roots(text: str | None) -> dict[str, str]:
 
 
 def parse_staging_mb(text: str | None) -> int:
-    """``INFERA_KVD_GPU_STAGING_MB``: MiB of GPU staging for the GPU copy path (default 256)."""
+    """``INFERA_KVD_GPU_STAGING_MB``: MiB of GPU staging for the GPU copy path (default 768)."""
     if text is None or not text.strip():
-        return 256 << 20
+        return 768 << 20
     try:
         value = int(text.strip())
     except ValueError:

@@ -298,6 +298,10 @@ def select(
         api.driver_open()
     except GpuDirectError as exc:
         return no(f"no driver: {exc}")
+    why = _probe_register(api, sel.root)
+    if why is not None:
+        api.driver_close()
+        return no(why)
     compat = not rocm and not facts.nvidia_fs
     if compat:
         why = "compat mode: the nvidia-fs kernel module is not loaded, cuFile moves every byte through a host bounce buffer"
@@ -308,6 +312,35 @@ def select(
     sel.api = api
     sel.compat = compat
     return sel
+
+
+def _probe_register(api: FileApi, root: str) -> str | None:
+    """Register one file under ``root`` the way reads and writes will: on the H200 VM the driver
+    opens but every HandleRegister fails (it cannot read the block device's attributes), which
+    must turn GPU-direct off at start, not fail every chunk later."""
+    path = os.path.join(root, f".kvd-gd-probe-{os.getpid()}")
+    try:
+        with open(path, "wb") as fh:
+            fh.write(b"\0" * ALIGN)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_DIRECT)
+        except OSError:
+            fd = os.open(path, os.O_RDWR)
+        try:
+            handle = api.register_fd(fd)
+            api.deregister(handle)
+        finally:
+            os.close(fd)
+    except GpuDirectError as exc:
+        return f"{exc} for a file under {root} (see cufile.log; in VMs without udev data cuFile cannot read the volume's attributes)"
+    except OSError as exc:
+        return f"cannot create a file under {root}: {exc.strerror or exc}"
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return None
 
 
 # -- GPU checksum -------------------------------------------------------------------------------

@@ -295,13 +295,44 @@ class WorkerHalf:
             gd = self.gd
             assert gd is not None
             ok = gpu.load_staged([f[2] for f in files], lambda i, _it, out: gd.read_into(files[i][0], out))
-            for (_key, ch, it), good in zip(files, ok, strict=True):
+            retry: list[tuple[bytes, ChunkJob, LoadItem]] = []
+            for f, good in zip(files, ok, strict=True):
                 if good:
                     self.counters["load_direct_chunks"] += 1
-                    self.counters["load_direct_bytes"] += it.length
+                    self.counters["load_direct_bytes"] += f[2].length
                 else:
-                    self._fail_chunk(ch.block_ids[ch.skip : ch.stop], "missing")
+                    retry.append(f)
+            if retry:  # the daemon may still serve it (it reads files itself): a miss costs more
+                self._load_via_daemon(retry, client, arena)
         self.counters["load_us"] += int((time.perf_counter() - started) * 1e6)
+
+    def _load_via_daemon(
+        self, chunks: list[tuple[bytes, ChunkJob, LoadItem]], client: KvdClient, arena: torch.Tensor
+    ) -> None:
+        gpu = self.gpu
+        assert gpu is not None
+        self.counters["load_direct_retried"] += len(chunks)
+        try:
+            items = client.lease([c[0] for c in chunks])
+        except KvdClientError:
+            items = [None] * len(chunks)
+        tokens = [i[0] for i in items if i is not None]
+        loads = []
+        for (_key, ch, it), item in zip(chunks, items, strict=True):
+            if item is None or item[2] != it.length:
+                self._fail_chunk(ch.block_ids[ch.skip : ch.stop], "missing")
+                continue
+            loads.append(LoadItem(it.block_ids, it.skip, it.stop, item[1], item[2]))
+
+        def release() -> None:
+            try:
+                client.release(tokens)
+            except KvdClientError:
+                pass
+
+        gpu.load(loads, arena, release)
+        self.counters["load_chunks"] += len(loads)
+        self.counters["load_bytes"] += sum(it.length for it in loads)
 
     def _fail_chunk(self, block_ids: list[int], why: str) -> None:
         self.load_errors.update(block_ids)
