@@ -168,7 +168,7 @@ def run_compare(
     }
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="kvd-compare-", dir=os.environ.get("TMPDIR", "/var/tmp")))
-    console = Console(stderr=True)
+    console = Console(stderr=True, log_path=False)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns, console=console, transient=json_out) as progress:

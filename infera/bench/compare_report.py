@@ -50,10 +50,6 @@ def _s(seconds: float | None) -> str:
     return f"{seconds * 1e3:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-def _size_label(n: int) -> str:
-    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
-
-
 def _cell_error(row: dict[str, Any]) -> str:
     return str(row.get("error", "")).replace("|", "\\|")
 
@@ -77,7 +73,7 @@ def ttft_tables(ttft: dict[str, Any]) -> str:
         limit = rows["prefix_cache"]["by_size"].get(size, {}).get("seconds")
         best = best_ttft_peer(rows, size)
         peer_note = f"best peer: {rows[best[0]]['label']}" if best else "no peer loaded any tokens"
-        out.append(f"**{_size_label(n)}-token prompt** ({n:,} tokens; {peer_note})\n")
+        out.append(f"**{n:,}-token prompt** ({peer_note})\n")
         out.append(
             "| system | TTFT | tokens loaded | speedup vs recompute | ÷ best peer (lower is better) "
             "| ÷ limit (lower is better) | first token = recompute's |"
@@ -175,7 +171,7 @@ def restart_table(restart: dict[str, Any]) -> str:
                 cells.append(f"could not run: {r['error']}")
             elif r["first_hit_s"] is None:
                 cells.append(
-                    f"**never**: {r['found_after_restart']} of {r['stored']} chunks found, "
+                    f"**never**: {r['found_after_restart']:,} of {r['stored']:,} chunks found, "
                     f"{r['files_on_disk']:,} files on disk"
                 )
             else:
@@ -292,7 +288,7 @@ def _plot_restart(restart: dict[str, Any], path: Path) -> Path:
 
     rows = restart["rows"]
     counts = restart["counts"]
-    fig, ax = plt.subplots(figsize=(9, 4.8), dpi=110)
+    fig, ax = plt.subplots(figsize=(9, 5.6), dpi=110)
     styles = {"kvd": ("#1565c0", "o"), "redis": ("#c62828", "s"), "lmcache_fs": ("#8e24aa", "^")}
     for name, (color, marker) in styles.items():
         pts = [
@@ -335,7 +331,7 @@ def _plot_restart(restart: dict[str, Any], path: Path) -> Path:
     ax.set_ylabel("start to first hit, seconds (lower is better)")
     ax.set_title("Restart to warm")
     ax.grid(which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
