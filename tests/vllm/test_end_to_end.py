@@ -21,6 +21,7 @@ from helpers import Daemon
 P1 = prompt(1, 1000)  # ~1,000 tokens: 3 whole 256-token chunks (the last token is never loaded)
 P2 = prompt(2, 600)  # retention none
 P3 = prompt(3, 600)  # retention short
+P4 = prompt(4, 1024)  # exactly 4 chunks: the last one is loaded but for its final block
 CHUNK = 256  # INFERA_KVD_CHUNK_TOKENS=auto for the tiny model: 512 B/token, capped at 256 tokens
 
 
@@ -40,6 +41,7 @@ def engine_a(tiny_model: str, kvd: Daemon, module_tmp: Path) -> EngineRun:
         {"op": "generate", "name": "p1", "prompt": P1},
         {"op": "generate", "name": "p2", "prompt": P2, "retention": "none"},
         {"op": "generate", "name": "p3", "prompt": P3, "retention": "short"},
+        {"op": "generate", "name": "p4", "prompt": P4},
         {"op": "keys", "name": "p1-keys", "prompt": P1},
         {"op": "keys", "name": "p2-keys", "prompt": P2},
         {"op": "keys", "name": "p3-keys", "prompt": P3},
@@ -61,6 +63,7 @@ def engine_b(tiny_model: str, kvd: Daemon, module_tmp: Path, engine_a: EngineRun
         {"op": "generate", "name": "p1", "prompt": P1},
         {"op": "generate", "name": "p2", "prompt": P2},
         {"op": "generate", "name": "p3", "prompt": P3},
+        {"op": "generate", "name": "p4", "prompt": P4},
         {"op": "statctl", "name": "stats"},
         {"op": "noise", "name": "noise", "prompt": P1},
         {"op": "reset_prefix_cache"},
@@ -93,6 +96,15 @@ def test_fresh_engine_gets_external_hits_with_the_same_tokens(
     assert b["external_queries"] == len(P1)
     assert b["num_cached_tokens"] == 3 * CHUNK
     assert b["tokens"] == engine_a["p1"]["tokens"]
+
+
+def test_a_prompt_of_whole_chunks_loads_all_but_the_last_block(
+    engine_a: EngineRun, engine_b: EngineRun
+) -> None:
+    b = engine_b["p4"]
+    block = 128  # the CPU backend's block size
+    assert b["external_hits"] == len(P4) - block, "only the block holding the last token is recomputed"
+    assert b["tokens"] == engine_a["p4"]["tokens"]
 
 
 def test_statctl_counters_after_the_hit(engine_b: EngineRun) -> None:

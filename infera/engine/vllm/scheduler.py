@@ -91,13 +91,15 @@ class SchedulerHalf:
             return 0, False
         st = self._track(request)
         st.local_tokens = num_computed_tokens
-        loadable = min(len(st.hashes), max(0, int(request.num_tokens) - 1) // self.chunk_tokens)
+        # vLLM must compute at least the prompt's last token, so the most we can load ends at the
+        # last whole block before it. That may cut the last stored chunk: its leading blocks are
+        # loaded (the payload is [layer][block][page], so a block prefix is a plain slice).
+        limit = max(0, int(request.num_tokens) - 1) // self.block_size * self.block_size
+        limit = min(limit, len(st.hashes) * self.chunk_tokens)
         # Hold found chunks against eviction only when some of them may be loaded.
-        st.found = self._lookup(
-            st.hashes, HOLD_MS if loadable * self.chunk_tokens > num_computed_tokens else 0
-        )
+        st.found = self._lookup(st.hashes, HOLD_MS if limit > num_computed_tokens else 0)
         self.counters["query_tokens"] += max(0, int(request.num_tokens) - num_computed_tokens)
-        hit = min(st.found, loadable) * self.chunk_tokens - num_computed_tokens
+        hit = min(st.found * self.chunk_tokens, limit) - num_computed_tokens
         if hit <= 0:
             return 0, False
         self.counters["hit_tokens"] += hit
