@@ -312,7 +312,7 @@ def render(summary: dict[str, Any]) -> str:
             head += f" (pinned H2D ceiling {ceil:.1f} GB/s)"
         lines.append(head)
         lines.append(
-            f"  {'case':<28} {'TTFT ms':>8} {'/recomp':>8} {'/native':>8} {'load GB/s':>9} {'DMA GB/s':>8} tokens vs warm hit"
+            f"  {'case':<28} {'TTFT ms':>8} {'/recomp':>8} {'/native':>8} {'GB/s>warm':>9} {'DMA GB/s':>8} tokens vs warm hit"
         )
         for r in block["rows"]:
 
@@ -330,6 +330,13 @@ def render(summary: dict[str, Any]) -> str:
             lines.append(
                 "  * a full prefill computes the last token with other kernel shapes than a hit does; "
                 "hits are checked against the warm GPU hit"
+            )
+        dma = [r["dma_gbps"] for r in block["rows"] if r.get("dma_gbps")]
+        if dma and ceil:
+            lines.append(
+                f"  DMA GB/s: the worker's own load rate (CUDA events), {min(dma) / ceil:.2f} to "
+                f"{max(dma) / ceil:.2f} of the ceiling; GB/s>warm: KV bytes over (TTFT - warm TTFT), "
+                "above the link when the loads overlap the step's CPU work"
             )
         extras = [
             f"{k} {v:.1f}"

@@ -293,3 +293,45 @@ def test_failed_write_is_handed_back_to_the_daemon(
     assert os.listdir(root / cf.VERSION_DIR)
     w.close()
     assert B == 40
+
+
+def test_a_failed_direct_read_is_served_by_the_daemon(
+    start_daemon: Any, short_tmp: Path, fake_host: FakeFileLib
+) -> None:
+    """The file may be fine and only the GPU-direct read broken: the daemon reads it instead
+    (it verifies wsum31 with numpy), so the chunk is a hit, not a recompute."""
+    from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
+
+    root = short_tmp / "long"
+    d = start_daemon("--max-bytes", "64M", "--long-path", str(root), "--long-bytes", "256M")
+    caches = per_layer_nhd(L=4, N=16, D=16)
+    w = gpu_worker(d.socket, env=ConnectorEnv(socket=d.socket, ais="1", hipfile_roots={"long": str(root)}))
+    w.register(caches)
+    assert w.gd is not None and w.gd.active
+    src = [[1, 2], [5, 6], [9, 10]]
+    hashes = [bytes([i + 40]) * 16 for i in range(3)]
+    w.save(
+        InferaKvdMetadata(saves=[RequestJob("r", [ChunkJob(h, s) for h, s in zip(hashes, src, strict=True)])])
+    )
+    w.gpu.drain()
+    w.gd.drain()
+    d.restart()
+
+    def broken(key: bytes, out: Any) -> Any:
+        raise gpudirect.GpuDirectError("cuFileRead failed: error 5011")
+
+    w.gd.files.read = broken  # type: ignore[method-assign]
+    before = {n: t.clone() for n, t in caches.items()}
+    dst = [[20, 21], [22, 23], [24, 25]]
+    w.load(
+        InferaKvdMetadata(loads=[RequestJob("r", [ChunkJob(h, x) for h, x in zip(hashes, dst, strict=True)])])
+    )
+    w.gpu.drain()
+    assert not w.take_load_errors()
+    for n, t in caches.items():
+        for s, x in zip(src, dst, strict=True):
+            assert torch.equal(t[x], before[n][s])
+    assert w.counters["load_direct_retried"] == 3 and w.gd.counters["gd_read_errors"] == 3
+    with d.client(want_arena=False) as c:
+        assert c.stats()["tiers"]["long"]["hits"] == 3, "the daemon read and verified the files"
+    w.close()

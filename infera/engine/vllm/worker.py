@@ -16,7 +16,6 @@ which vLLM recomputes. Nothing here raises into vLLM.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import time
@@ -28,11 +27,12 @@ import torch
 from infera.engine.vllm import formats, gpudirect
 from infera.engine.vllm.config import ConnectorEnv
 from infera.engine.vllm.gdpath import GdPath
-from infera.engine.vllm.gpu import ArenaPin, GpuCopier, LoadItem, SaveItem
+from infera.engine.vllm.gpu import ArenaPin, GpuCopier
 from infera.engine.vllm.keys import Namespace, chunk_key
 from infera.engine.vllm.layout import KVLayout, LayoutError
 from infera.engine.vllm.link import DaemonLink
-from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
+from infera.engine.vllm.metadata import InferaKvdMetadata, RequestJob
+from infera.engine.vllm.worker_gpu import GpuWorkerMixin
 from infera.kvd.client import KvdClient, KvdClientError, KvdUnavailable
 
 log = logging.getLogger("infera.engine.vllm")
@@ -41,7 +41,7 @@ log = logging.getLogger("infera.engine.vllm")
 REPORT_EVERY_S = float(os.environ.get("INFERA_KVD_REPORT_EVERY_S", "5") or 5)
 
 
-class WorkerHalf:
+class WorkerHalf(GpuWorkerMixin):
     def __init__(
         self,
         namespace: Namespace,
@@ -112,55 +112,6 @@ class WorkerHalf:
         self.link.client()
         self._log_paths()
         self._report(force=True)
-
-    def _setup_gpu(self, layout: KVLayout) -> None:
-        bpc = max(1, self.ns.chunk_tokens // self.block_size)
-        try:
-            self.gpu = GpuCopier(layout, bpc, staging_bytes=self.env.gpu_staging_bytes)
-            log.info("infera-kvd: %s", self.gpu.describe())
-        except (RuntimeError, LayoutError) as exc:  # out of GPU memory for staging, odd layout
-            self.gpu_error = f"no GPU staging ({exc}); plain copies without side streams"
-            return
-        if not self.env.gpu_direct_requested:
-            return
-        self.gd_sel = gpudirect.select(
-            self.env.ais,
-            self.env.hipfile_roots,
-            device_type="cuda" if self.gpu_path_on_cpu else layout.device.type,
-            rocm=getattr(torch.version, "hip", None) is not None,
-            chunk_bytes=self.gpu.chunk_bytes,
-        )
-        if self.gd_sel.active:
-            try:
-                self.gd = GdPath(self.gd_sel, self.gpu, self.ns.name)
-            except RuntimeError as exc:
-                self.gd_sel.reasons.append(f"no GPU memory for the write pool ({exc})")
-                self.gd_sel.api = None
-
-    def _log_paths(self) -> None:
-        if self.gpu_error:
-            log.warning("infera-kvd: %s", self.gpu_error)
-        if self.gpu is not None and not self.pin.pinned and self.arena is not None:
-            log.warning(
-                "infera-kvd: the arena is not registered with the GPU (%s); KV copies run at "
-                "pageable-memory speed, about a tenth of the link",
-                self.pin.error,
-            )
-        sel = self.gd_sel
-        if sel is not None and sel.fallback:
-            how = log.warning if sel.loud else log.info
-            reasons = "; ".join(self.gd.reasons() if self.gd else sel.reasons)
-            if sel.active:
-                how("infera-kvd: GPU-direct runs as %s: %s", sel.path_name, reasons)
-            else:
-                how(
-                    "infera-kvd: INFERA_KVD_AIS=%s: GPU-direct is off (%s); using the arena path",
-                    self.env.ais,
-                    reasons,
-                )
-        if self.gd is not None and not self.gd.active:
-            how = log.warning if sel is not None and sel.loud else log.info
-            how("infera-kvd: GPU-direct is off: %s; using the arena path", self.gd.daemon_reason)
 
     def _on_connect(self, client: KvdClient) -> None:
         self.arena = torch.frombuffer(client.arena, dtype=torch.uint8) if client.arena_size else None
@@ -241,99 +192,6 @@ class WorkerHalf:
             if self.link.connected:
                 self.link.failed(exc)
 
-    def _load_gpu(
-        self,
-        jobs: list[RequestJob],
-        keys: list[bytes],
-        items: list[Any],
-        client: KvdClient,
-        arena: torch.Tensor,
-        direct: bool,
-    ) -> None:
-        gpu = self.gpu
-        assert gpu is not None
-        started = time.perf_counter()
-        tokens: list[int] = []
-        ram: list[LoadItem] = []
-        files: list[tuple[bytes, ChunkJob, LoadItem]] = []
-        pos = 0
-        for job in jobs:
-            for ch in job.chunks:
-                key, item = keys[pos], items[pos]
-                pos += 1
-                if item is not None:
-                    tokens.append(item[0])
-                if not ch.chunk_hash or (item is None and not direct):
-                    self._fail_chunk(ch.block_ids[ch.skip : ch.stop], "missing")
-                    continue
-                stop = len(ch.block_ids) if ch.stop is None else ch.stop
-                try:
-                    gpu.check(ch.block_ids, gpu.chunk_bytes if item is None else item[2])
-                except LayoutError as exc:
-                    self._warn_once(
-                        "load-layout", f"infera-kvd: a stored chunk does not fit this engine: {exc}"
-                    )
-                    self._fail_chunk(ch.block_ids[ch.skip : ch.stop], "bad_chunk")
-                    continue
-                if item is None:
-                    files.append((key, ch, LoadItem(ch.block_ids, ch.skip, stop, 0, gpu.chunk_bytes)))
-                else:
-                    ram.append(LoadItem(ch.block_ids, ch.skip, stop, item[1], item[2]))
-        link = self.link
-
-        def release() -> None:
-            try:
-                client.release(tokens)
-            except KvdClientError as exc:
-                if link.connected:
-                    log.debug("infera-kvd: RELEASE failed: %s", exc)
-
-        gpu.load(ram, arena, release)
-        self.counters["load_chunks"] += len(ram)
-        self.counters["load_bytes"] += sum(it.length for it in ram)
-        if files:
-            gd = self.gd
-            assert gd is not None
-            ok = gpu.load_staged([f[2] for f in files], lambda i, _it, out: gd.read_into(files[i][0], out))
-            retry: list[tuple[bytes, ChunkJob, LoadItem]] = []
-            for f, good in zip(files, ok, strict=True):
-                if good:
-                    self.counters["load_direct_chunks"] += 1
-                    self.counters["load_direct_bytes"] += f[2].length
-                else:
-                    retry.append(f)
-            if retry:  # the daemon may still serve it (it reads files itself): a miss costs more
-                self._load_via_daemon(retry, client, arena)
-        self.counters["load_us"] += int((time.perf_counter() - started) * 1e6)
-
-    def _load_via_daemon(
-        self, chunks: list[tuple[bytes, ChunkJob, LoadItem]], client: KvdClient, arena: torch.Tensor
-    ) -> None:
-        gpu = self.gpu
-        assert gpu is not None
-        self.counters["load_direct_retried"] += len(chunks)
-        try:
-            items = client.lease([c[0] for c in chunks])
-        except KvdClientError:
-            items = [None] * len(chunks)
-        tokens = [i[0] for i in items if i is not None]
-        loads = []
-        for (_key, ch, it), item in zip(chunks, items, strict=True):
-            if item is None or item[2] != it.length:
-                self._fail_chunk(ch.block_ids[ch.skip : ch.stop], "missing")
-                continue
-            loads.append(LoadItem(it.block_ids, it.skip, it.stop, item[1], item[2]))
-
-        def release() -> None:
-            try:
-                client.release(tokens)
-            except KvdClientError:
-                pass
-
-        gpu.load(loads, arena, release)
-        self.counters["load_chunks"] += len(loads)
-        self.counters["load_bytes"] += sum(it.length for it in loads)
-
     def _fail_chunk(self, block_ids: list[int], why: str) -> None:
         self.load_errors.update(block_ids)
         self.counters[f"load_failed_{why}"] += 1
@@ -411,97 +269,6 @@ class WorkerHalf:
                 self.counters["save_errors"] += 1
         self.counters["save_us"] += int((time.perf_counter() - started) * 1e6)
 
-    def _save_gpu(self, retention: str, chunks: list[tuple[bytes, list[int]]]) -> bool:
-        """Reserve, then queue gathers and DMAs; SEAL happens when each group's DMA is done.
-        Returns False when the daemon is unreachable (the remaining classes are skipped too)."""
-        gpu = self.gpu
-        assert gpu is not None
-        gd = self.gd if self.gd is not None and self.gd.active and retention == "long" else None
-        slots_for: dict[bytes, int] = {}
-        if gd is not None:
-            for key, _ids in chunks:
-                free = gd.take_slot()
-                if free is None:
-                    break
-                slots_for[key] = free
-        groups = [[c for c in chunks if c[0] in slots_for], [c for c in chunks if c[0] not in slots_for]]
-        items: list[SaveItem] = []
-        keys_by_token: dict[int, bytes] = {}
-        client: KvdClient | None = None
-        try:
-            for persisted, group in zip((True, False), groups, strict=True):
-                if not group:
-                    continue
-                keys = [k for k, _ in group]
-                lengths = [gpu.chunk_bytes if len(ids) == gpu.bpc else -1 for _, ids in group]
-                if any(n < 0 for n in lengths):
-                    self._warn_once("save-layout", "infera-kvd: a save chunk with an unexpected block count")
-                    continue
-                client, slots = self.link.call(
-                    functools.partial(
-                        _reserve, keys=keys, lengths=lengths, retention=retention, persisted=persisted
-                    )
-                )
-                for res, (key, ids) in zip(slots, group, strict=True):
-                    if isinstance(res, str):
-                        self.counters[f"save_{res}"] += 1
-                        if res in ("full", "too_large"):
-                            self._warn_once(
-                                res,
-                                f"infera-kvd: the daemon refused a {gpu.chunk_bytes}-byte chunk ({res})",
-                            )
-                        continue
-                    token, off = res
-                    try:
-                        gpu.check(ids, gpu.chunk_bytes)
-                    except LayoutError as exc:
-                        client.abort([token])
-                        self._warn_once("save-layout", f"infera-kvd: cannot gather a chunk: {exc}")
-                        continue
-                    item = SaveItem(ids, off, gpu.chunk_bytes, token)
-                    items.append(item)
-                    keys_by_token[token] = key
-        except KvdUnavailable as exc:
-            if self.link.connected:
-                self.link.failed(exc)
-            self.counters["save_skipped_unavailable"] += len(chunks)
-            self._free_slots(gd, slots_for, set())
-            return False
-        except KvdClientError as exc:
-            self._warn_once("save-error", f"infera-kvd: the daemon rejected a save: {exc}")
-            self.counters["save_errors"] += 1
-        arena = self.arena
-        if client is None or arena is None or not items:
-            self._free_slots(gd, slots_for, set())
-            return True
-        used: set[bytes] = set()
-
-        def after_gather(group: Any, region: torch.Tensor, _event: Any) -> None:
-            for i, it in enumerate(group):
-                key = keys_by_token[it.token]
-                slot = slots_for.get(key)
-                if gd is not None and slot is not None:
-                    used.add(key)
-                    lo = i * gpu.chunk_bytes
-                    gd.queue_write(client, key, slot, region[lo : lo + it.length])
-
-        def seal(tokens: list[int]) -> None:
-            client.seal(tokens, wait=False)
-
-        gpu.save(items, arena, seal, after_gather if gd is not None else None)
-        self._free_slots(gd, slots_for, used)
-        self.counters["save_chunks"] += len(items)
-        self.counters["save_bytes"] += sum(it.length for it in items)
-        return True
-
-    @staticmethod
-    def _free_slots(gd: GdPath | None, slots_for: dict[bytes, int], used: set[bytes]) -> None:
-        if gd is None:
-            return
-        for key, slot in slots_for.items():
-            if key not in used:
-                gd._give_slot(slot)
-
     # -- reporting ---------------------------------------------------------------------------
     def _warn_once(self, what: str, message: str) -> None:
         if what not in self._warned:
@@ -558,12 +325,6 @@ class WorkerHalf:
         if self.gd is not None:
             self.gd.close()
         self.arena = None
-
-
-def _reserve(
-    c: KvdClient, *, keys: list[bytes], lengths: list[int], retention: str, persisted: bool
-) -> tuple[KvdClient, list[tuple[int, int] | str]]:
-    return c, c.reserve(keys, lengths, retention=retention, persisted=persisted)
 
 
 def block_count(kv_cache_config: Any) -> int | None:
