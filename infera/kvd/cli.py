@@ -66,6 +66,11 @@ def serve(
     lmcache_url: str = typer.Option(
         None, "--lmcache-url", envvar="INFERA_KVD_LMCACHE_URL", help="lmcache_server address lm://HOST:PORT."
     ),
+    busy_poll_us: int = typer.Option(
+        100,
+        "--busy-poll-us",
+        help="After traffic, poll for this long before sleeping (lower latency, a little CPU; 0 = off).",
+    ),
     prefault: bool = typer.Option(
         False,
         "--prefault",
@@ -74,6 +79,7 @@ def serve(
 ) -> None:
     """Run the per-host kvd daemon."""
     from infera.clikit import run_guarded
+    from infera.errors import UsageError
     from infera.kvd.config import build_config
     from infera.kvd.daemon import run_daemon
     from infera.kvd.tiers import SUPPORTED
@@ -101,6 +107,9 @@ def serve(
             lmcache_url=lmcache_url,
         )
         cfg.prefault = prefault
+        if not 0 <= busy_poll_us <= 100_000:
+            raise UsageError("--busy-poll-us must be between 0 and 100000")
+        cfg.busy_poll_us = busy_poll_us
         return run_daemon(cfg)
 
     code = run_guarded(_go)

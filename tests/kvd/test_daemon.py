@@ -170,6 +170,7 @@ def test_sigterm_shuts_down_cleanly(daemon: Daemon) -> None:
         (["--socket-mode", "99"], "not an octal mode"),
         (["--log-level", "loud"], "--log-level"),
         (["--long-backend", "floppy"], "--long-backend"),
+        (["--busy-poll-us", "-5"], "--busy-poll-us"),
     ],
 )
 def test_bad_flags_are_one_line_errors(args: list[str], needle: str, short_tmp: Path) -> None:
@@ -325,3 +326,9 @@ def test_prefault_commits_the_arena_in_the_background(start_daemon: Callable[...
     with d.client() as c:
         assert c.put(b"k", b"v") and c.get(b"k") == b"v"
     assert d.stop() == 0
+
+
+def test_busy_poll_off_still_serves(start_daemon: Callable[..., Daemon]) -> None:
+    d = start_daemon("--max-bytes", "8M", "--busy-poll-us", "0")
+    with d.client() as c:
+        assert c.put(b"k", b"v") and c.get(b"k") == b"v" and c.ping()
