@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -93,7 +94,7 @@ def server(tiny_model: str, kvd: Daemon, module_tmp: Path) -> Iterator[Server]:
     port = free_port()
     storage = module_tmp / "example-connector"
     storage.mkdir()
-    env = engine_env(None, VLLM_SERVER_DEV_MODE="1")
+    env = engine_env(None, VLLM_SERVER_DEV_MODE="1", VLLM_LOG_STATS_INTERVAL="1")
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the server runs its engine core in its own process
     env.pop("INFERA_KVD_SOCKET", None)  # --kvd-socket-path must be enough
     cmd = [
@@ -229,6 +230,18 @@ def test_external_hits_reach_the_engine_metrics(server: Server, story: dict[str,
     metrics = server.http.get("/metrics").text
     hits = [ln for ln in metrics.splitlines() if ln.startswith("vllm:external_prefix_cache_hits_total")]
     assert hits and float(hits[0].rsplit(" ", 1)[1]) >= 5 * CHUNK
+
+
+def test_the_engine_stats_line_shows_external_hits(server: Server, story: dict[str, Any]) -> None:
+    """The check the product doc tells users to make: the engine's periodic stats line."""
+    deadline = time.monotonic() + 15
+    rates: list[float] = []
+    while time.monotonic() < deadline:
+        rates = [float(m) for m in re.findall(r"External prefix cache hit rate: ([\d.]+)%", server.log())]
+        if any(r > 0 for r in rates):
+            break
+        time.sleep(0.5)
+    assert rates and max(rates) > 0, "no stats line with a non-zero external prefix cache hit rate"
 
 
 @pytest.mark.parametrize(
