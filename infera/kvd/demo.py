@@ -78,11 +78,55 @@ def _run_worker(role: str, sock: str, chunks: int, size: int) -> dict[str, Any]:
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
+class _DemoDaemon:
+    """The demo's daemon process: started, restarted and stopped by the demo."""
+
+    def __init__(self, cmd: list[str], sock: str, log_path: str) -> None:
+        self.cmd, self.sock, self.log_path = cmd, sock, log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        from infera.kvd.client import KvdClient, KvdClientError
+
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while True:
+            if self.proc.poll() is not None:
+                tail = Path(self.log_path).read_text(errors="replace")[-400:]
+                raise KvdError("the demo daemon exited: " + tail)
+            try:
+                with KvdClient(self.sock, want_arena=False, timeout=2) as c:
+                    c.ping()
+                return
+            except KvdClientError:
+                if time.monotonic() > deadline:
+                    raise KvdError("the demo daemon did not come up in 20 s") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def _read_line(r: dict[str, Any], chunks: int) -> str:
+    style = "green" if r["verified"] == chunks else "red"
+    return (
+        f"reader (pid {r['pid']}): LOOKUP found {r['present_prefix']}/{chunks} in order; "
+        f"[{style}]{r['verified']} verified byte for byte[/], {r['corrupt']} corrupt, "
+        f"{r['missing']} missing ({r['seconds']:.2f} s)"
+    )
+
+
 def run_demo(chunks: int, chunk_size: str, keep: bool = False) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from infera.kvd.client import KvdClient, KvdClientError
+    from infera.kvd.client import KvdClient
 
     console = Console()
     size = parse_size(chunk_size, "--chunk-size")
@@ -90,27 +134,21 @@ def run_demo(chunks: int, chunk_size: str, keep: bool = False) -> int:
         raise KvdError("--chunks and --chunk-size must be positive")
     arena = max(64 << 20, chunks * (size + 4096) * 2)
     arena = (arena + (1 << 20) - 1) >> 20 << 20
+    disk = max(256 << 20, arena * 2)
     tmp = tempfile.mkdtemp(prefix="kvd-demo-", dir="/tmp")
     sock = os.path.join(tmp, "kvd.sock")
-    log_path = os.path.join(tmp, "daemon.log")
+    long_path = os.path.join(tmp, "long")
     cmd = [sys.executable, "-m", "infera.kvd", "--socket", sock, "--max-bytes", f"{arena >> 20}M"]
+    cmd += ["--long-path", long_path, "--long-bytes", f"{disk >> 20}M"]
+    daemon = _DemoDaemon(cmd, sock, os.path.join(tmp, "daemon.log"))
     console.print(f"[bold]1.[/] starting a kvd daemon: [cyan]python {' '.join(cmd[1:])}[/]")
-    log = open(log_path, "wb")  # noqa: SIM115 - closed in finally
-    daemon = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            if daemon.poll() is not None:
-                raise KvdError("the demo daemon exited: " + Path(log_path).read_text(errors="replace")[-400:])
-            try:
-                with KvdClient(sock, want_arena=False, timeout=2) as c:
-                    c.ping()
-                break
-            except KvdClientError:
-                if time.monotonic() > deadline:
-                    raise KvdError("the demo daemon did not come up in 20 s") from None
-                time.sleep(0.05)
-        console.print(f"   daemon pid {daemon.pid} serving on {sock} with a {format_size(arena)} RAM arena")
+        daemon.start()
+        assert daemon.proc is not None
+        console.print(
+            f"   daemon pid {daemon.proc.pid} on {sock}: a {format_size(arena)} RAM arena and a "
+            f"{format_size(disk)} disk tier in {long_path}"
+        )
         with console.status(f"[bold]2.[/] writer process storing {chunks} chunks of {format_size(size)}..."):
             w = _run_worker("writer", sock, chunks, size)
         console.print(
@@ -119,45 +157,45 @@ def run_demo(chunks: int, chunk_size: str, keep: bool = False) -> int:
         )
         with console.status("[bold]3.[/] a separate reader process fetching and verifying..."):
             r = _run_worker("reader", sock, chunks, size)
-        style = "green" if r["verified"] == chunks else "red"
-        console.print(
-            f"[bold]3.[/] reader (pid {r['pid']}): LOOKUP found {r['present_prefix']}/{chunks} in order; "
-            f"[{style}]{r['verified']} verified byte for byte[/], {r['corrupt']} corrupt, "
-            f"{r['missing']} missing ({r['seconds']:.2f} s)"
-        )
+        console.print(f"[bold]3.[/] {_read_line(r, chunks)}")
+        with console.status("[bold]4.[/] restarting the daemon (its RAM is gone; the disk tier stays)..."):
+            daemon.stop()
+            daemon.start()
+        assert daemon.proc is not None
+        console.print(f"[bold]4.[/] daemon restarted (pid {daemon.proc.pid}): its RAM tier starts empty")
+        with console.status("[bold]5.[/] a new reader process after the restart..."):
+            r2 = _run_worker("reader", sock, chunks, size)
+        console.print(f"[bold]5.[/] {_read_line(r2, chunks)}, served from disk")
         with KvdClient(sock, want_arena=False, name="kvd-demo", role="tool") as c:
             st = c.stats()
-        table = Table(title="4. daemon counters (kvd stat)")
+        long = st.get("tiers", {}).get("long", {})
+        table = Table(title="6. counters after the restart (kvd stat)")
         table.add_column("counter")
         table.add_column("value", justify="right")
-        for key in ("sets_total", "gets_total", "hits_total", "misses_total", "evictions_total", "chunks"):
+        for key in ("gets_total", "hits_total", "misses_total", "chunks"):
             table.add_row(key, str(st[key]))
+        table.add_row("disk tier hits", str(long.get("hits", 0)))
         table.add_row(
-            "arena used",
-            f"{format_size(st['arena_bytes_used'])} of {format_size(st['arena_bytes_capacity'])}",
+            "disk tier files", f"{long.get('chunks', 0)} ({format_size(long.get('bytes_used', 0))})"
         )
+        table.add_row("corrupt chunks", str(long.get("corrupt_chunks", 0)))
         console.print(table)
-        ok = r["verified"] == chunks and st["misses_total"] == 0
+        ok = r["verified"] == chunks and r2["verified"] == chunks and st["misses_total"] == 0
         if ok:
             console.print(
-                "[green]demo passed:[/] every chunk written by one process was read intact by another."
+                "[green]demo passed:[/] every chunk written by one process was read intact by another, "
+                "and again from disk after a daemon restart."
             )
         else:
             console.print("[red]demo found a problem[/]: see the counters above.")
         if keep:
-            console.print(f"daemon left running (pid {daemon.pid}); try: kvd stat --socket {sock}")
-            return 0 if ok else 1
+            console.print(f"daemon left running (pid {daemon.proc.pid}); try: kvd stat --socket {sock}")
         return 0 if ok else 1
     finally:
         if not keep:
-            daemon.terminate()
-            try:
-                daemon.wait(10)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
+            daemon.stop()
             shutil.rmtree(tmp, ignore_errors=True)
-            console.print("[bold]5.[/] daemon stopped and temporary files removed.")
-        log.close()
+            console.print("[bold]7.[/] daemon stopped and temporary files removed.")
 
 
 if __name__ == "__main__":

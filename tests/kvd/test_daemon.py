@@ -314,7 +314,8 @@ def test_demo_runs_end_to_end() -> None:
         timeout=120,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "8 verified byte for byte" in out.stdout and "demo passed" in out.stdout
+    assert out.stdout.count("8 verified byte for byte") == 2, out.stdout  # before and after the restart
+    assert "served from disk" in out.stdout and "demo passed" in out.stdout
 
 
 def test_prefault_commits_the_arena_in_the_background(start_daemon: Callable[..., Daemon]) -> None:
