@@ -43,6 +43,7 @@ class Client:
         self.requests = 0
         self.report: dict[str, Any] = {}
         self.closed = False
+        self.arena_mapped = False
 
     def public(self) -> dict[str, Any]:
         info = self.info
@@ -58,7 +59,9 @@ class Client:
             "hash_settings": info.get("hash_settings", {}),
             "hash_fingerprint": info.get("hash_fingerprint", ""),
             "chunk_tokens": info.get("chunk_tokens"),
-            "data_path": self.report.get("data_path", info.get("data_path", "arena")),
+            "data_path": self.report.get(
+                "data_path", info.get("data_path", "arena" if self.arena_mapped else "none")
+            ),
             "fallback": self.report.get("fallback"),
             "fallback_reason": self.report.get("fallback_reason"),
             "requested_path": self.report.get("requested_path"),

@@ -121,7 +121,8 @@ class Ops:
         }
         if self.cfg.long_backend == "disk" and self.cfg.long_path:
             reply["long_path"] = os.path.abspath(self.cfg.long_path)
-        if msg.get("want_arena", True):
+        client.arena_mapped = bool(msg.get("want_arena", True))
+        if client.arena_mapped:
             reply["arena_fd"] = True
             reply["_fds"] = [self.arena.fd]
         return reply

@@ -333,3 +333,10 @@ def test_busy_poll_off_still_serves(start_daemon: Callable[..., Daemon]) -> None
     d = start_daemon("--max-bytes", "8M", "--busy-poll-us", "0")
     with d.client() as c:
         assert c.put(b"k", b"v") and c.get(b"k") == b"v" and c.ping()
+
+
+def test_tools_without_the_arena_show_no_data_path(daemon: Daemon) -> None:
+    with daemon.client(name="engine") as engine, daemon.client(name="tool", want_arena=False) as tool:
+        engine.ping()
+        paths = {c["name"]: c["data_path"] for c in tool.stats()["clients"]}
+    assert paths == {"engine": "arena", "tool": "none"}
