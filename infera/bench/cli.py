@@ -180,6 +180,11 @@ def transfer(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     device: str = typer.Option("cuda", "--device", help="cuda, or cpu for a dry run of the code paths."),
     staging_mib: int = typer.Option(768, "--staging-mib", help="GPU staging (INFERA_KVD_GPU_STAGING_MB)."),
+    kernels: str = typer.Option(
+        "auto",
+        "--kernels",
+        help="INFERA_KVD_COPY_KERNEL values to run (auto, triton, torch); auto,torch compares them.",
+    ),
 ) -> None:
     """GPU KV <-> daemon arena through the worker's real save/load code, vs the pinned copy ceiling."""
     from infera.bench.transfer import run_transfer_bench
@@ -197,6 +202,7 @@ def transfer(
         json_out=json_out,
         device_name=device,
         staging_mib=staging_mib,
+        kernels=kernels,
     )
 
 

@@ -143,6 +143,7 @@ def run_case(
     register: bool,
     device: Any,
     staging_bytes: int = 768 << 20,
+    kernel: str = "auto",
 ) -> dict[str, Any]:
     """One row: a worker on fresh KV tensors; ``repeat`` save+load rounds; medians."""
     import torch
@@ -162,7 +163,7 @@ def run_case(
     num_blocks = 2 * nchunks * bpc + 8
     caches = make_caches(shape, dtype, layout, num_blocks, device)
     ns = make_namespace(_facts(shape, dtype, bpt), chunk_tokens)
-    env = ConnectorEnv(socket=sock, register=register, gpu_staging_bytes=staging_bytes)
+    env = ConnectorEnv(socket=sock, register=register, gpu_staging_bytes=staging_bytes, copy_kernel=kernel)
     role = f"bench-transfer-{os.getpid()}"
     link = DaemonLink(sock, ns, role=role, name="kvd bench transfer", model=shape.name, want_arena=True)
     on_cpu = device.type == "cpu"
@@ -238,6 +239,7 @@ def run_case(
     client.ping()
     report = _client_report(sock, os.getpid(), role)
     fields = worker.report_fields()
+    copy_kernel = worker.gpu.copy_kernel
     worker.close()
     del caches, worker
     if not on_cpu:
@@ -247,6 +249,7 @@ def run_case(
         "dtype": dtype,
         "layout": layout,
         "registered": register,
+        "kernel": copy_kernel,
         "chunk_bytes": chunk_bytes,
         "chunk_tokens": chunk_tokens,
         "chunks": nchunks,
@@ -281,9 +284,12 @@ def run_transfer_bench(
     json_out: bool = False,
     device_name: str = "cuda",
     staging_mib: int = 768,
+    kernels: str = "auto",
 ) -> dict[str, Any]:
     from infera.bench.common import machine_line, temp_daemon
 
+    if json_out:  # vLLM's logger prints to stdout by default; --json keeps stdout for the object
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         import torch
     except ImportError:
@@ -297,6 +303,7 @@ def run_transfer_bench(
     shapes = [SHAPES[m] for m in _split(models, list(SHAPES), "--models")]
     dts = _split(dtypes, DTYPES, "--dtypes")
     lays = _split(layouts, LAYOUTS, "--layouts")
+    kms = _split(kernels, ["auto", "triton", "torch"], "--kernels")
     try:
         chunks = [int(float(c) * MIB) for c in chunk_mib.split(",") if c.strip()]
     except ValueError:
@@ -327,14 +334,19 @@ def run_transfer_bench(
                 for lay in lays:
                     for c in chunks:
                         bpc = max(1, c // block)  # chunks are whole blocks: small sizes round up
-                        if (s, d, lay, bpc) not in seen:
-                            seen.add((s, d, lay, bpc))
-                            cases.append((s, d, lay, bpc * block, True))
+                        for km in kms:
+                            # views of one buffer take one torch copy per group under auto
+                            km = "torch" if km == "auto" and lay != "0.26" else km
+                            if (s, d, lay, bpc, km) not in seen:
+                                seen.add((s, d, lay, bpc, km))
+                                cases.append((s, d, lay, bpc * block, True, km))
         if unregistered:
             mid = sorted(chunks)[len(chunks) // 2]
-            cases.append((shapes[0], dts[0], lays[0], mid, False))
-        for shape, dtype, layout, chunk, reg in cases:
-            row = run_case(sock, shape, dtype, layout, chunk, tokens, repeat, reg, device, staging_mib << 20)
+            cases.append((shapes[0], dts[0], lays[0], mid, False, kms[0]))
+        for shape, dtype, layout, chunk, reg, km in cases:
+            row = run_case(
+                sock, shape, dtype, layout, chunk, tokens, repeat, reg, device, staging_mib << 20, km
+            )
             row["save_ratio"] = row["save_gbps"] / d2h
             row["load_ratio"] = row["load_gbps"] / h2d
             out["rows"].append(row)
@@ -348,7 +360,7 @@ def run_transfer_bench(
 
 
 HEAD = (
-    f"{'model':<26} {'dtype':<5} {'vLLM':<5} {'chunk':>7} {'save GB/s':>9} {'x ceil':>6} "
+    f"{'model':<26} {'dtype':<5} {'vLLM':<5} {'copy':<6} {'chunk':>7} {'save GB/s':>9} {'x ceil':>6} "
     f"{'load GB/s':>9} {'x ceil':>6} {'cpu us/chunk s/l':>16}  ok  path"
 )
 
@@ -359,7 +371,7 @@ def _line(r: dict[str, Any]) -> str:
     if r.get("fallback"):
         path += f" (fallback: {str(r.get('fallback_reason'))[:70]})"
     return (
-        f"{r['model']:<26} {r['dtype']:<5} {r['layout']:<5} {size:>5.1f}Mi {r['save_gbps']:>9.1f} "
+        f"{r['model']:<26} {r['dtype']:<5} {r['layout']:<5} {r['kernel']:<6} {size:>5.1f}Mi {r['save_gbps']:>9.1f} "
         f"{r['save_ratio']:>6.2f} {r['load_gbps']:>9.1f} {r['load_ratio']:>6.2f} "
         f"{r['save_cpu_us_per_chunk']:>7.0f}/{r['load_cpu_us_per_chunk']:<8.0f} "
         f"{'yes' if r['verified'] else 'NO '}  {path}"

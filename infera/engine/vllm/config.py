@@ -28,6 +28,8 @@ class ConnectorEnv:
     ``auto``, see docs/gpu.md). ``gpu_staging_bytes`` bounds the GPU staging buffers of the GPU
     copy path; ``register`` False skips registering the arena mapping with the GPU (diagnostics
     and benchmarks only: copies then run at pageable-memory speed, reported as a fallback).
+    ``copy_kernel`` picks how pages move between the KV blocks and GPU staging: ``auto`` (a
+    Triton kernel where layers are separate tensors), ``triton`` or ``torch``.
     """
 
     socket: str | None = None
@@ -36,6 +38,7 @@ class ConnectorEnv:
     hipfile_roots: dict[str, str] = field(default_factory=dict)
     gpu_staging_bytes: int = 768 << 20
     register: bool = True
+    copy_kernel: str = "auto"
 
     @property
     def gpu_direct_requested(self) -> bool:
@@ -95,6 +98,13 @@ def parse_staging_mb(text: str | None) -> int:
     return value << 20
 
 
+def parse_copy_kernel(text: str | None) -> str:
+    value = (text or "auto").strip().lower() or "auto"
+    if value not in ("auto", "triton", "torch"):
+        raise UsageError(f"INFERA_KVD_COPY_KERNEL={text!r} must be auto, triton or torch")
+    return value
+
+
 def parse_flag(name: str, text: str | None, default: bool) -> bool:
     if text is None or not text.strip():
         return default
@@ -115,6 +125,7 @@ def read_env(environ: dict[str, str] | None = None) -> ConnectorEnv:
         hipfile_roots=parse_roots(env.get("INFERA_KVD_HIPFILE_ROOTS")),
         gpu_staging_bytes=parse_staging_mb(env.get("INFERA_KVD_GPU_STAGING_MB")),
         register=parse_flag("INFERA_KVD_REGISTER", env.get("INFERA_KVD_REGISTER"), True),
+        copy_kernel=parse_copy_kernel(env.get("INFERA_KVD_COPY_KERNEL")),
     )
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from infera.engine.vllm.gpu_kernel import make_page_kernel
 from infera.engine.vllm.gpu_runtime import (
     ArenaPin,
     Completer,
@@ -87,6 +88,22 @@ def _groups(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
         yield items[i : i + size]
 
 
+def _dma_runs(group: Sequence[Any], chunk_bytes: int) -> list[tuple[int, int, int]]:
+    """``(staging offset, arena offset, length)`` per DMA: chunks that sit next to each other
+    in the arena as in staging move in one copy (the allocator often hands out neighbours, and
+    one 2 MiB copy per chunk left a tenth of the link to launch gaps)."""
+    runs: list[tuple[int, int, int]] = []
+    for i, it in enumerate(group):
+        lo = i * chunk_bytes
+        if runs:
+            plo, poff, plen = runs[-1]
+            if plo + plen == lo and poff + plen == it.offset:
+                runs[-1] = (plo, poff, plen + it.length)
+                continue
+        runs.append((lo, it.offset, it.length))
+    return runs
+
+
 class _Pool:
     """A staging buffer of ``cells`` chunk-sized cells, used as two halves in turn."""
 
@@ -118,6 +135,7 @@ class GpuCopier:
         *,
         staging_bytes: int = DEFAULT_STAGING_BYTES,
         ops: HostOps | None = None,
+        kernel_mode: str = "auto",
     ) -> None:
         self.layout = layout
         self.device = layout.device
@@ -151,12 +169,30 @@ class GpuCopier:
             self.stacked = st.view(dtype)
         self.dtype = self.wide_layers[0].dtype
         self.counters: dict[str, int] = {}
+        self.kernel, self.kernel_why = make_page_kernel(layout, self.bpc, cb, kernel_mode)
+        self._slots: torch.Tensor | None = None
+
+    @property
+    def copy_kernel(self) -> str:
+        """``triton`` (one launch per group for every layer) or ``torch`` (per-layer copies)."""
+        return "triton" if self.kernel is not None else "torch"
 
     def describe(self) -> str:
+        if self.kernel is not None:
+            how = f"one Triton launch per group over {self.n_layers} layers"
+        else:
+            how = f"indexed copies as {self.dtype} ({self.kernel_why})"
         return (
             f"GPU staging {self.staging_bytes >> 20} MiB ({self.load_pool.half} chunks of "
-            f"{self.chunk_bytes} bytes per DMA group), indexed copies as {self.dtype}".replace("torch.", "")
+            f"{self.chunk_bytes} bytes per DMA group), {how}".replace("torch.", "")
         )
+
+    def _slot_range(self, n: int) -> torch.Tensor:
+        """Staging slots ``0..n-1`` on the device, made once."""
+        if self._slots is None or self._slots.numel() < n:
+            size = max(n, self.load_pool.half * self.bpc, self.save_pool.half * self.bpc)
+            self._slots = torch.arange(size, dtype=torch.long, device=self.device)
+        return self._slots[:n]
 
     def _index(self, values: Any) -> torch.Tensor:
         """Block ids as a device tensor without stalling the CPU: ``torch.tensor(..., device=)``
@@ -236,11 +272,8 @@ class GpuCopier:
             with ops.use(self.h2d):
                 if first is None:
                     first = ops.record(self.h2d, timing=True)
-                for i, it in enumerate(group):
-                    lo = i * self.chunk_bytes
-                    region[lo : lo + it.length].copy_(
-                        arena[it.offset : it.offset + it.length], non_blocking=True
-                    )
+                for lo, off, length in _dma_runs(group, self.chunk_bytes):
+                    region[lo : lo + length].copy_(arena[off : off + length], non_blocking=True)
                 last = ops.record(self.h2d, timing=True)
             ops.wait(compute, last)
             with ops.use(compute):
@@ -283,6 +316,21 @@ class GpuCopier:
     ) -> None:
         n = len(group)
         use = [keep is None or keep[i] for i in range(n)]
+        if self.kernel is not None:
+            blocks: list[int] = []
+            slots: list[int] = []
+            for i, it in enumerate(group):
+                if use[i]:
+                    blocks += it.block_ids[it.skip : it.stop]
+                    slots += range(i * self.bpc + it.skip, i * self.bpc + it.stop)
+            if blocks:
+                # an even row length keeps the slots row 16-byte aligned, as in the warm-up
+                # launch: Triton compiles a variant per pointer alignment, and a new variant
+                # compiled in the middle of a request would stall it
+                pad = [0] * (len(blocks) % 2)
+                table = self._index([blocks + pad, slots + pad])
+                self.kernel.scatter(table[0, : len(blocks)], table[1, : len(blocks)], region)
+            return
         whole = [i for i, it in enumerate(group) if use[i] and it.skip == 0 and it.stop == self.bpc]
         parts = [i for i, it in enumerate(group) if use[i] and (it.skip or it.stop != self.bpc)]
         if whole:
@@ -332,11 +380,8 @@ class GpuCopier:
             ops.wait(self.d2h, gathered)
             with ops.use(self.d2h):
                 start = ops.record(self.d2h, timing=True)
-                for i, it in enumerate(group):
-                    lo = i * self.chunk_bytes
-                    arena[it.offset : it.offset + it.length].copy_(
-                        region[lo : lo + it.length], non_blocking=True
-                    )
+                for lo, off, length in _dma_runs(group, self.chunk_bytes):
+                    arena[off : off + length].copy_(region[lo : lo + length], non_blocking=True)
                 end = ops.record(self.d2h, timing=True)
             pool.free[h] = end
             tokens = [it.token for it in group]
@@ -353,6 +398,9 @@ class GpuCopier:
     def _gather(self, group: Sequence[SaveItem], region: torch.Tensor) -> None:
         n = len(group)
         ids = self._index([it.block_ids for it in group]).view(-1)
+        if self.kernel is not None:
+            self.kernel.gather(ids, self._slot_range(ids.numel()), region)
+            return
         if self.stacked is not None:
             picked = self.stacked.index_select(1, ids).view(self.n_layers, n, self.bpc, -1)
             self._stacked_src(region, n).copy_(picked.transpose(0, 1))

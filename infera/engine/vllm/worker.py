@@ -289,6 +289,8 @@ class WorkerHalf(GpuWorkerMixin):
         path = "arena"
         if self.gpu is not None:
             counters.update(self.gpu.counters)
+            if self.env.copy_kernel == "triton" and self.gpu.kernel is None:
+                reasons.append(f"INFERA_KVD_COPY_KERNEL=triton asked for, but {self.gpu.kernel_why}")
             if self.pin.pinned:
                 path = "arena-pinned"
                 counters["arena_register_ms"] = int(self.pin.seconds * 1000)

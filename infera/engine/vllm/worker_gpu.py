@@ -51,7 +51,9 @@ class GpuWorkerMixin:
     def _setup_gpu(self, layout: KVLayout) -> None:
         bpc = max(1, self.ns.chunk_tokens // self.block_size)
         try:
-            self.gpu = GpuCopier(layout, bpc, staging_bytes=self.env.gpu_staging_bytes)
+            self.gpu = GpuCopier(
+                layout, bpc, staging_bytes=self.env.gpu_staging_bytes, kernel_mode=self.env.copy_kernel
+            )
             log.info("infera-kvd: %s", self.gpu.describe())
         except (RuntimeError, LayoutError) as exc:  # out of GPU memory for staging, odd layout
             self.gpu_error = f"no GPU staging ({exc}); plain copies without side streams"
