@@ -4,7 +4,8 @@ Figures, all measured in one run:
 
 * put+get throughput of chunks (default 4 MiB) from this process through a separate daemon
   process, versus the same two copies (into a shared mapping and back out) done with no daemon;
-  target ratio >= 0.8;
+  target ratio >= 0.8; once with the default poll window (the daemon polls for 1 ms after
+  traffic), once with ``--busy-poll-us 0``, which shows what sleeping between requests costs;
 * LOOKUP of 1,000 keys, round trip p50 (target <= 1 ms);
 * one GET round trip p50 for a small chunk (target <= 100 us);
 * daemon memory per 100,000 chunks indexed (anonymous RSS growth of the daemon process).
@@ -18,7 +19,7 @@ import os
 import time
 from typing import Any
 
-from infera.bench.common import best_of, machine_line, median_us, rss_anon_bytes, temp_daemon
+from infera.bench.common import machine_line, median_us, rss_anon_bytes, temp_daemon
 from infera.kvd.sizes import format_size, parse_size
 
 
@@ -58,26 +59,42 @@ def _kvd_gbps(c: Any, size: int, rounds: int) -> float:
     return 2 * size * rounds / dt / 1e9
 
 
-def run_arena_bench(chunk_size: str, rounds: int, json_out: bool, index_chunks: int) -> int:
+def run_arena_bench(chunk_size: str, rounds: int, json_out: bool, index_chunks: int, repeats: int = 5) -> int:
     size = parse_size(chunk_size, "--chunk-size")
     arena = max(size * 64, 256 << 20)
     res: dict[str, Any] = {"machine": machine_line(), "chunk_bytes": size, "rounds": rounds}
-    with temp_daemon("--max-bytes", str(arena)) as (sock, _proc):
-        from infera.kvd.client import KvdClient
+    from infera.kvd.client import KvdClient
 
-        with KvdClient(sock, namespace="bench", name="kvd-bench") as c:
-            # warm-up: touch every arena page once in this mapping, so both sides measure copies,
-            # not first-touch page faults (a long-lived engine pays those once)
-            _kvd_gbps(c, size, arena // size)
-            res["memcpy_gbps"] = best_of(lambda: _memcpy_gbps(size, rounds))
-            res["kvd_gbps"] = best_of(lambda: _kvd_gbps(c, size, rounds))
-            res["put_get_ratio"] = res["kvd_gbps"] / res["memcpy_gbps"]
-            keys = [os.urandom(32) for _ in range(1000)]
-            c.put_many([(k, b"k" * 64) for k in keys], retention="short")
-            res["lookup1000_p50_us"] = median_us(lambda: c.lookup(keys), 300)
-            c.put(b"small", b"s" * 4096)
-            res["get_p50_us"] = median_us(lambda: c.get(b"small"), 2000)
-            res["ping_p50_us"] = median_us(c.ping, 2000)
+    with (
+        temp_daemon("--max-bytes", str(arena)) as (sock, _proc),
+        temp_daemon("--max-bytes", str(arena), "--busy-poll-us", "0") as (sock_spin, _p2),
+        KvdClient(sock, namespace="bench", name="kvd-bench") as c,
+        KvdClient(sock_spin, namespace="bench", name="kvd-bench") as c_spin,
+    ):
+        # warm-up: touch every arena page once in this mapping, so both sides measure copies,
+        # not first-touch page faults (a long-lived engine pays those once)
+        _kvd_gbps(c, size, arena // size)
+        _kvd_gbps(c_spin, size, arena // size)
+        # the three sides alternate, round after round, and each keeps its best: this VM's
+        # memory bandwidth drifts by 20% within a minute, and one side measured in a good
+        # minute against the other in a bad one would say more about the minute than the code
+        mem, kvd, spin = [], [], []
+        for _ in range(repeats):
+            mem.append(_memcpy_gbps(size, rounds))
+            kvd.append(_kvd_gbps(c, size, rounds))
+            spin.append(_kvd_gbps(c_spin, size, rounds))
+        res["memcpy_gbps"] = max(mem)
+        res["kvd_gbps"] = max(kvd)
+        res["put_get_ratio"] = res["kvd_gbps"] / res["memcpy_gbps"]
+        res["kvd_no_poll_gbps"] = max(spin)
+        res["put_get_ratio_no_poll"] = res["kvd_no_poll_gbps"] / res["memcpy_gbps"]
+        res["put_get_ratio_rounds"] = [round(k / m, 3) for k, m in zip(kvd, mem, strict=True)]
+        keys = [os.urandom(32) for _ in range(1000)]
+        c.put_many([(k, b"k" * 64) for k in keys], retention="short")
+        res["lookup1000_p50_us"] = median_us(lambda: c.lookup(keys), 300)
+        c.put(b"small", b"s" * 4096)
+        res["get_p50_us"] = median_us(lambda: c.get(b"small"), 2000)
+        res["ping_p50_us"] = median_us(c.ping, 2000)
     idx_arena = max(index_chunks * 4096 + (64 << 20), 64 << 20)
     with temp_daemon("--max-bytes", str(idx_arena)) as (sock, proc):
         from infera.kvd.client import KvdClient
@@ -115,6 +132,12 @@ def run_arena_bench(chunk_size: str, rounds: int, json_out: bool, index_chunks: 
         f"{res['kvd_gbps']:.2f}",
         f"{res['memcpy_gbps']:.2f} memcpy",
         f"{res['put_get_ratio']:.2f} (>= 0.80)",
+    )
+    t.add_row(
+        "  the same, daemon with --busy-poll-us 0",
+        f"{res['kvd_no_poll_gbps']:.2f}",
+        "",
+        f"{res['put_get_ratio_no_poll']:.2f}",
     )
     t.add_row("LOOKUP 1,000 keys p50", f"{res['lookup1000_p50_us']:.0f} us", "", "<= 1000 us")
     t.add_row(

@@ -67,7 +67,7 @@ def serve(
         None, "--lmcache-url", envvar="INFERA_KVD_LMCACHE_URL", help="lmcache_server address lm://HOST:PORT."
     ),
     busy_poll_us: int = typer.Option(
-        100,
+        1000,
         "--busy-poll-us",
         help="After traffic, poll for this long before sleeping (lower latency, a little CPU; 0 = off).",
     ),

@@ -40,7 +40,7 @@ class DaemonConfig:
     max_frame: int = 16 << 20
     fsync: str = "data"
     prefault: bool = False
-    busy_poll_us: int = 100
+    busy_poll_us: int = 1000
     long_write_queue: int = 256
     long_writers: int = 2
     mooncake_master: str | None = None
