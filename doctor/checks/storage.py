@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Callable
 
 from infera.doctor.context import Context
+from infera.doctor.facts.pci import inventory
 from infera.doctor.facts.storage import (
     NETWORK_FS,
     block_source,
@@ -113,6 +114,7 @@ def storage(ctx: Context) -> CheckResult:
         findings.append((Status.WARN, f"{fs} is not xfs or ext4: GPU-direct falls back to POSIX there"))
         fixes.append("for GPU-direct, use xfs or ext4 (data=ordered) on local NVMe")
     backing = _backing(ctx, mount.majmin, mount.source, ev, findings, fixes)
+    _udev_record(ctx, mount.majmin, mount.source, ev, findings, fixes)
     if ctx.live:
         _live_probe(present, ev, findings, fixes)
     else:
@@ -127,6 +129,42 @@ def storage(ctx: Context) -> CheckResult:
     if problems:
         summary += "; " + "; ".join(problems)
     return CheckResult(status, summary, ev, fix="; ".join(dict.fromkeys(fixes)) or None)
+
+
+def _udev_record(
+    ctx: Context,
+    majmin: str,
+    source: str,
+    ev: list[Evidence],
+    findings: list[tuple[Status, str]],
+    fixes: list[str],
+) -> None:
+    """cuFile registers a file only after reading its volume's udev properties (ID_FS_USAGE),
+    compat mode included. Without the udev record every cuFileHandleRegister fails with 5027
+    (seen on the H200 microVM, which has no udev database), and GPU-direct falls back."""
+    if majmin.startswith("0:") or not source.startswith("/dev/"):
+        return  # no block device behind it (NFS, tmpfs): nothing for udev to describe
+    h = ctx.host
+    path = f"/run/udev/data/b{majmin}"
+    text = h.text(path)
+    if text is not None and "E:ID_FS_USAGE=" in text:
+        ev.append(Evidence(h.display(path), "udev record with ID_FS_USAGE (cuFile can register files here)"))
+        return
+    ev.append(Evidence(h.display(path), "missing" if text is None else "present, without ID_FS_USAGE"))
+    if not inventory(ctx).nvidia:
+        return  # only cuFile is known to need it
+    findings.append(
+        (
+            Status.WARN,
+            f"no udev record for {source} ({majmin}): cuFile cannot read the volume's attributes, "
+            "so every cuFileHandleRegister fails (error 5027, compat mode too) and GPU-direct falls "
+            "back to the arena path",
+        )
+    )
+    fixes.append(
+        "run udev (systemd-udevd, then `udevadm trigger --subsystem-match=block`); in a container, "
+        "mount the host's /run/udev read-only (-v /run/udev:/run/udev:ro)"
+    )
 
 
 def _backing(
