@@ -251,14 +251,19 @@ class Ops:
         ikeys = self.ikeys(client, keys)
         count, _ = store.count_present(ikeys, hold / 1000.0)
         if count < len(ikeys) and self.long is not None:
-            # the rest may be on the long tier (a RAM miss in the middle continues there)
-            for ikey in ikeys[count:]:
-                chunk = store.find(ikey)
+            # the rest may be on the long tier (a RAM miss in the middle continues there); the
+            # long tier answers for all of them at once (one store round trip for L4)
+            rest = ikeys[count:]
+            in_ram = [store.find(ikey) for ikey in rest]
+            on_long = iter(
+                self.long.contains_many([k for k, ch in zip(rest, in_ram, strict=True) if ch is None])
+            )
+            for chunk in in_ram:
                 if chunk is not None:
                     store.touch(chunk)
                     if hold:
                         store.hold(chunk, hold / 1000.0)
-                elif not self.long.contains(ikey):
+                elif not next(on_long):
                     break
                 count += 1
         c = store.c

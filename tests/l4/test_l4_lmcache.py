@@ -96,3 +96,25 @@ def test_lmcache_server_restart(lmcache_server: LMCacheServer, start_daemon: Cal
     b = lm_daemon(start_daemon, lmcache_server, "b")
     with b.client(namespace="m") as c:
         assert c.get(b"k") == b"v" * 10_000  # A wrote its RAM copy again after the restart
+
+
+def test_lookup_pipelines_existence_checks_past_one_slice(
+    lmcache_server: LMCacheServer, start_daemon: Callable[..., Daemon]
+) -> None:
+    a = lm_daemon(start_daemon, lmcache_server, "a")
+    b = lm_daemon(start_daemon, lmcache_server, "b")
+    data = {f"many-{i}".encode(): os.urandom(2048) for i in range(140)}  # > one slice of 128
+    with a.client(namespace="m") as c:
+        c.put_many(list(data.items()))
+    wait_long(a, lambda s: s["chunks_written"] == len(data) and s["queued_writes"] == 0)
+    keys = list(data)
+    with b.client(namespace="m") as c:
+        before = long_stats(b)
+        assert c.lookup(keys) == 140
+        mid = long_stats(b)
+        assert mid["exists_calls"] - before["exists_calls"] == 1
+        assert mid["exists_keys"] - before["exists_keys"] == 140
+        assert c.lookup([*keys[:135], b"gap", *keys[135:]]) == 135
+        # the connection stays in step after pipelining: a read on it still returns the right value
+        assert c.get(keys[139]) == data[keys[139]]
+    assert long_stats(b)["errors"] == 0

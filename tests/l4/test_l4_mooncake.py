@@ -133,6 +133,33 @@ def test_two_daemons_share_chunks(cluster: MooncakeMaster, start_daemon: Callabl
         assert c.get(b"short-one") is None
 
 
+def test_lookup_on_another_node_asks_the_store_once_and_stops_at_the_first_gap(
+    cluster: MooncakeMaster, start_daemon: Callable[..., Daemon]
+) -> None:
+    a = mooncake_daemon(start_daemon, cluster, "a")
+    b = mooncake_daemon(start_daemon, cluster, "b")
+    for d in (a, b):
+        wait_long(d, lambda s: s["state"] == "ready")
+    data = payloads(24, "prefix")
+    keys = list(data)
+    put_all(a, data)
+    wait_long(a, lambda s: s["chunks_written"] == 24 and s["queued_writes"] == 0)
+    before = long_stats(b)
+    with b.client(namespace="m") as c:
+        # b never saw these keys: one batched existence call answers all 24
+        assert c.lookup(keys) == 24
+        mid = long_stats(b)
+        assert mid["exists_calls"] - before["exists_calls"] == 1
+        assert mid["exists_keys"] - before["exists_keys"] == 24
+        # recently seen keys are answered without the store; a gap ends the prefix there
+        assert c.lookup([*keys[:10], b"not-stored", *keys[10:]]) == 10
+        after = long_stats(b)
+        assert after["exists_calls"] - mid["exists_calls"] == 1
+        assert after["exists_keys"] - mid["exists_keys"] == 1, "only the unknown key went to the store"
+        assert c.lookup([b"not-stored-either", *keys]) == 0
+    assert long_stats(b)["errors"] == 0
+
+
 def test_corrupt_value_is_a_miss_and_is_removed(
     cluster: MooncakeMaster, start_daemon: Callable[..., Daemon]
 ) -> None:

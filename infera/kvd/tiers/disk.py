@@ -383,6 +383,9 @@ class DiskTier:
                 del self._failing[c]
 
     # -- reads ------------------------------------------------------------------------------
+    def contains_many(self, ikeys: list[bytes]) -> list[bool]:
+        return [self.contains(k) for k in ikeys]
+
     def contains(self, ikey: bytes) -> bool:
         fkey = self.fkey(ikey)
         if fkey in self.index:

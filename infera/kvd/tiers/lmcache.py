@@ -56,6 +56,9 @@ def parse_url(url: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+EXIST_SLICE = 128  # EXIST requests sent before their replies are read
+
+
 def request(cmd: int, name: str, length: int = 0) -> bytes:
     return REQUEST.pack(
         cmd, length, FMT_BINARY, DTYPE_UINT8, 0, length, 0, 0, 0, name.encode().ljust(MAX_KEY)
@@ -155,6 +158,25 @@ class LMCacheTransport(Transport):
         except OSError as exc:
             raise self._broken(exc) from None
         return code == OK
+
+    def exists_many(self, names: list[str]) -> list[bool]:
+        """The server has no batch call, but answers a connection's requests in order: send a
+        slice of EXIST requests at once, then read their replies (one round trip per slice,
+        not per key). Slices stay small enough that neither side's socket buffer fills."""
+        out: list[bool] = []
+        sock = self._conn()
+        try:
+            for i in range(0, len(names), EXIST_SLICE):
+                part = names[i : i + EXIST_SLICE]
+                sock.sendall(b"".join(request(EXIST, n) for n in part))
+                for _ in part:
+                    code, length = self._reply(sock)
+                    if length:
+                        recv_into(sock, memoryview(bytearray(length)))
+                    out.append(code == OK)
+        except OSError as exc:
+            raise self._broken(exc) from None
+        return out
 
     def fetch(self, name: str, header: Region, alloc: Callable[[int], Region | None]) -> Region | None:
         sock = self._conn()

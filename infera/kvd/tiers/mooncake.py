@@ -173,6 +173,15 @@ class MooncakeTransport(Transport):
             raise code_error(rc, "is_exist")
         return rc == 1
 
+    def exists_many(self, names: list[str]) -> list[bool]:
+        rcs = list(self._s().batch_is_exist(names))
+        if len(rcs) != len(names):
+            raise TransportError(f"batch_is_exist answered {len(rcs)} of {len(names)} keys", "error")
+        bad = [rc for rc in rcs if rc < 0]
+        if bad:
+            raise code_error(bad[0], "batch_is_exist")
+        return [rc == 1 for rc in rcs]
+
     def fetch(self, name: str, header: Region, alloc: Callable[[int], Region | None]) -> Region | None:
         store = self._s()
         space = name.rpartition("/")[0]

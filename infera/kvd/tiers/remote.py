@@ -144,6 +144,8 @@ class RemoteTier(Link):
                 "state_changes",
                 "disconnects",
                 "reconnects",
+                "exists_calls",
+                "exists_keys",
             ),
             0,
         )
@@ -352,28 +354,47 @@ class RemoteTier(Link):
 
     # -- existence (LOOKUP) -----------------------------------------------------------------
     def contains(self, ikey: bytes) -> bool:
-        if ikey in self._reads:
-            return True
-        if not self._usable():
-            return False
-        seen = self._known.get(ikey)
+        return self.contains_many([ikey])[0]
+
+    def contains_many(self, ikeys: list[bytes]) -> list[bool]:
+        """Whether each key is in the store. Keys being read or seen within ``KNOWN_TTL_S`` are
+        answered here; the rest in **one** batched existence call (a LOOKUP of a 16k-token
+        prompt on a node that never saw it asks about 512 keys: one call at a time held the
+        loop for one store round trip each)."""
+        out = [False] * len(ikeys)
+        usable = self._usable()
         now = time.monotonic()
-        if seen is not None and now - seen < KNOWN_TTL_S:
-            return True
-        name = self._name(ikey)[0]
+        ask: list[int] = []
+        for i, ikey in enumerate(ikeys):
+            if ikey in self._reads:
+                out[i] = True
+            elif not usable:
+                continue
+            elif now - self._known.get(ikey, -KNOWN_TTL_S) < KNOWN_TTL_S:
+                out[i] = True
+            else:
+                ask.append(i)
+        if not ask:
+            return out
+        names = [self._name(ikeys[i])[0] for i in ask]
         try:
-            found = bool(self._meta_call(lambda: self.t.exists(name), CONTAINS_TIMEOUT_S))
+            found = self._meta_call(lambda: self.t.exists_many(names), CONTAINS_TIMEOUT_S)
         except TransportError as exc:
             if exc.kind == "timeout":
                 self.c["timeouts"] += 1
-            self._trouble(exc.kind, f"existence check of {name}: {exc}")
-            return False
+            what = names[0] if len(names) == 1 else f"{len(names)} keys"
+            self._trouble(exc.kind, f"existence check of {what}: {exc}")
+            return out
         self._latency("exists_ms", time.monotonic() - now)
-        if found:
-            self._remember(ikey)
-        else:
-            self._known.pop(ikey, None)
-        return found
+        self.c["exists_calls"] += 1
+        self.c["exists_keys"] += len(names)
+        for i, hit in zip(ask, found, strict=True):
+            out[i] = bool(hit)
+            if hit:
+                self._remember(ikeys[i])
+            else:
+                self._known.pop(ikeys[i], None)
+        return out
 
     # -- reads (GET, PREWARM) ---------------------------------------------------------------
     def promote(self, ikey: bytes) -> Chunk | None:

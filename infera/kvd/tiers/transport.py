@@ -58,6 +58,10 @@ class Transport:
     def exists(self, name: str) -> bool:
         raise NotImplementedError
 
+    def exists_many(self, names: list[str]) -> list[bool]:
+        """One answer per name; stores with a batch call override this with one round trip."""
+        return [self.exists(n) for n in names]
+
     def fetch(self, name: str, header: Region, alloc: Callable[[int], Region | None]) -> Region | None:
         """Read value ``name``: its first HEADER bytes into ``header``, the rest into the region
         ``alloc(payload_length)`` returns (None there: no room, give up and return None)."""
