@@ -271,11 +271,16 @@ def _client(daemon: Any, role: str) -> dict[str, Any]:
         return next(cl for cl in c.stats()["clients"] if cl["role"] == role)
 
 
-def test_worker_gpu_path_saves_seals_loads_and_reports(daemon: Any) -> None:
+@pytest.mark.parametrize("staging", ["default", "one-chunk-groups"])
+def test_worker_gpu_path_saves_seals_loads_and_reports(daemon: Any, staging: str) -> None:
     caches = per_layer_nhd(N=4)
-    w = gpu_worker(daemon.socket)
+    # one-chunk groups: every chunk is its own reservation and its own gather, in turn
+    cb = KVLayout.from_caches(caches, B).chunk_bytes(2)
+    env = ConnectorEnv(socket=daemon.socket, gpu_staging_bytes=8 * cb) if staging != "default" else None
+    w = gpu_worker(daemon.socket, env=env)
     w.register(caches)
     assert w.gpu is not None and w.pin.pinned
+    assert (w.gpu.save_pool.half == 1) == (staging != "default")
     hashes = [bytes([i]) * 16 for i in range(3)]
     src = [[1, 2], [5, 6], [9, 10]]
     w.save(
