@@ -376,3 +376,29 @@ def test_disk_hits_after_a_restart_load_exact_bytes(start_daemon: Any, short_tmp
                 for i in range(lo, lo + 5):
                     assert torch.equal(t[dst[i]], before[k][src[i]]), (r, i, k)
     w.close()
+
+
+@pytest.mark.parametrize("gpu_path", [True, False])
+def test_a_full_arena_refuses_the_rest_counted_and_said_once(
+    start_daemon: Any, caplog: pytest.LogCaptureFixture, gpu_path: bool
+) -> None:
+    d = start_daemon("--max-bytes", "1M")  # room for 4 chunks of 256 KiB
+    caches = per_layer_nhd(L=4, H=4, N=4, D=512)
+    w = gpu_worker(d.socket)
+    w.gpu_path_on_cpu = gpu_path
+    w.register(caches)
+    assert (w.gpu is not None) == gpu_path and w.layout is not None
+    assert w.layout.chunk_bytes(2) == 256 << 10
+    with caplog.at_level("WARNING", logger="infera.engine.vllm"):
+        for step in range(2):  # six new chunks a step, one reservation: four fit, two are refused
+            chunks = [ChunkJob(bytes([step, i]) * 8, [2 * i, 2 * i + 1]) for i in range(6)]
+            w.save(InferaKvdMetadata(saves=[RequestJob("r", chunks)]))
+            if w.gpu is not None:
+                w.gpu.drain()
+            assert w.counters["save_full"] == 2 * (step + 1)
+            assert w.counters["save_chunks"] == 4 * (step + 1)
+    said = [r for r in caplog.records if "refused a 262144-byte chunk (full)" in r.getMessage()]
+    assert len(said) == 1
+    with d.client(want_arena=False) as c:
+        assert c.stats()["chunks"] == 4
+    w.close()

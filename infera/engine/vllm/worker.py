@@ -242,11 +242,7 @@ class WorkerHalf(GpuWorkerMixin):
                 tokens: list[int] = []
                 for slot, (_key, ids), length in zip(slots, chunks, lengths, strict=True):
                     if isinstance(slot, str):
-                        self.counters[f"save_{slot}"] += 1
-                        if slot in ("full", "too_large"):
-                            self._warn_once(
-                                slot, f"infera-kvd: the daemon refused a {length}-byte chunk ({slot})"
-                            )
+                        self._refused(slot, length)
                         continue
                     token, off = slot
                     try:
@@ -268,6 +264,12 @@ class WorkerHalf(GpuWorkerMixin):
                 self._warn_once("save-error", f"infera-kvd: the daemon rejected a save: {exc}")
                 self.counters["save_errors"] += 1
         self.counters["save_us"] += int((time.perf_counter() - started) * 1e6)
+
+    def _refused(self, why: str, length: int) -> None:
+        """A reservation the daemon refused: counted, and a full arena said once."""
+        self.counters[f"save_{why}"] += 1
+        if why in ("full", "too_large"):
+            self._warn_once(why, f"infera-kvd: the daemon refused a {length}-byte chunk ({why})")
 
     # -- reporting ---------------------------------------------------------------------------
     def _warn_once(self, what: str, message: str) -> None:

@@ -48,6 +48,9 @@ class GpuWorkerMixin:
     def _warn_once(self, what: str, message: str) -> None:  # provided by WorkerHalf
         raise NotImplementedError
 
+    def _refused(self, why: str, length: int) -> None:  # provided by WorkerHalf
+        raise NotImplementedError
+
     def _setup_gpu(self, layout: KVLayout) -> None:
         bpc = max(1, self.ns.chunk_tokens // self.block_size)
         try:
@@ -281,11 +284,7 @@ class GpuWorkerMixin:
         items: list[SaveItem] = []
         for res, (key, ids) in zip(slots, part, strict=True):
             if isinstance(res, str):
-                self.counters[f"save_{res}"] += 1
-                if res in ("full", "too_large"):
-                    self._warn_once(
-                        res, f"infera-kvd: the daemon refused a {gpu.chunk_bytes}-byte chunk ({res})"
-                    )
+                self._refused(res, gpu.chunk_bytes)
                 continue
             token, off = res
             try:
