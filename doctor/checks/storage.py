@@ -131,6 +131,11 @@ def storage(ctx: Context) -> CheckResult:
     return CheckResult(status, summary, ev, fix="; ".join(dict.fromkeys(fixes)) or None)
 
 
+def _on_block_device(majmin: str, source: str) -> bool:
+    """False for mounts with no block device behind them (NFS, tmpfs, overlay: major 0)."""
+    return not majmin.startswith("0:") and source.startswith("/dev/")
+
+
 def _udev_record(
     ctx: Context,
     majmin: str,
@@ -142,8 +147,8 @@ def _udev_record(
     """cuFile registers a file only after reading its volume's udev properties (ID_FS_USAGE),
     compat mode included. Without the udev record every cuFileHandleRegister fails with 5027
     (seen on the H200 microVM, which has no udev database), and GPU-direct falls back."""
-    if majmin.startswith("0:") or not source.startswith("/dev/"):
-        return  # no block device behind it (NFS, tmpfs): nothing for udev to describe
+    if not _on_block_device(majmin, source):
+        return  # nothing for udev to describe
     h = ctx.host
     path = f"/run/udev/data/b{majmin}"
     text = h.text(path)
@@ -175,7 +180,7 @@ def _backing(
     findings: list[tuple[Status, str]],
     fixes: list[str],
 ) -> str:
-    if majmin.startswith("0:") or not source.startswith("/dev/"):
+    if not _on_block_device(majmin, source):
         return source
     src = block_source(ctx)
     syspath = src.lookup(majmin)

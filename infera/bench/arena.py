@@ -67,26 +67,26 @@ def run_arena_bench(chunk_size: str, rounds: int, json_out: bool, index_chunks: 
 
     with (
         temp_daemon("--max-bytes", str(arena)) as (sock, _proc),
-        temp_daemon("--max-bytes", str(arena), "--busy-poll-us", "0") as (sock_spin, _p2),
+        temp_daemon("--max-bytes", str(arena), "--busy-poll-us", "0") as (sock_np, _p2),
         KvdClient(sock, namespace="bench", name="kvd-bench") as c,
-        KvdClient(sock_spin, namespace="bench", name="kvd-bench") as c_spin,
+        KvdClient(sock_np, namespace="bench", name="kvd-bench") as c_np,
     ):
         # warm-up: touch every arena page once in this mapping, so both sides measure copies,
         # not first-touch page faults (a long-lived engine pays those once)
         _kvd_gbps(c, size, arena // size)
-        _kvd_gbps(c_spin, size, arena // size)
+        _kvd_gbps(c_np, size, arena // size)
         # the three sides alternate, round after round, and each keeps its best: this VM's
         # memory bandwidth drifts by 20% within a minute, and one side measured in a good
         # minute against the other in a bad one would say more about the minute than the code
-        mem, kvd, spin = [], [], []
+        mem, kvd, no_poll = [], [], []
         for _ in range(repeats):
             mem.append(_memcpy_gbps(size, rounds))
             kvd.append(_kvd_gbps(c, size, rounds))
-            spin.append(_kvd_gbps(c_spin, size, rounds))
+            no_poll.append(_kvd_gbps(c_np, size, rounds))
         res["memcpy_gbps"] = max(mem)
         res["kvd_gbps"] = max(kvd)
         res["put_get_ratio"] = res["kvd_gbps"] / res["memcpy_gbps"]
-        res["kvd_no_poll_gbps"] = max(spin)
+        res["kvd_no_poll_gbps"] = max(no_poll)
         res["put_get_ratio_no_poll"] = res["kvd_no_poll_gbps"] / res["memcpy_gbps"]
         res["put_get_ratio_rounds"] = [round(k / m, 3) for k, m in zip(kvd, mem, strict=True)]
         keys = [os.urandom(32) for _ in range(1000)]
