@@ -22,7 +22,7 @@ from typing import Any
 
 from infera.errors import KvdError
 from infera.kvd import protocol as P
-from infera.kvd.arena import map_arena
+from infera.kvd.arena import ArenaFdError, map_arena
 from infera.kvd.config import default_socket_path
 
 Buffer = bytes | bytearray | memoryview
@@ -54,6 +54,10 @@ class KvdFull(KvdClientError):
 
 class KvdUnsupported(KvdProtocolError):
     """The daemon does not offer this feature in its current configuration."""
+
+
+class KvdArenaError(KvdClientError):
+    """The arena descriptor the daemon passed at HELLO is unusable (unsealed, short, unmappable)."""
 
 
 def _default_spin() -> float:
@@ -113,6 +117,8 @@ class KvdClient:
         self.arena_size = 0
         self.server_version = ""
         self.long_tier: str | None = None
+        self.long_path: str | None = None
+        self.client_id = 0
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         try:
@@ -147,28 +153,40 @@ class KvdClient:
         ):
             if value is not None:
                 hello[field] = value
+        fds: list[int] = []
         try:
             reply, fds = self._call(hello, want_fds=True)
+            if not reply.get("ok"):
+                raise _err(reply)
+            self._accept_hello(reply, fds, want_arena)
         except BaseException:
             self.close()
             raise
-        if not reply.get("ok"):
-            self.close()
-            raise _err(reply)
-        self.arena_size = int(reply["arena_size"])
+        finally:
+            for fd in fds:  # mapped (or refused) by now: the mapping keeps the memory alive
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _accept_hello(self, reply: dict[str, Any], fds: list[int], want_arena: bool) -> None:
+        size = reply.get("arena_size")
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+            raise KvdProtocolError(f"daemon announced an arena size of {size!r}, not a positive integer")
+        self.arena_size = size
         self.server_version = str(reply.get("server_version", ""))
         self.long_tier = reply.get("long_tier")
-        self.long_path: str | None = reply.get("long_path")
-        self.client_id = int(reply.get("client_id", 0))
+        self.long_path = reply.get("long_path")
+        client_id = reply.get("client_id", 0)
+        self.client_id = client_id if isinstance(client_id, int) else 0
         if want_arena:
             if not fds:
-                self.close()
                 raise KvdProtocolError("daemon did not pass the arena descriptor at HELLO")
             try:
-                self._map = map_arena(fds[0], self.arena_size)
-            finally:
-                for fd in fds:
-                    os.close(fd)
+                self._map = map_arena(fds[0], size)
+            except ArenaFdError as exc:
+                raise KvdArenaError(
+                    f"the arena descriptor from {self.socket_path} is unusable: {exc}",
+                    hint="is this a kvd daemon of this version? restart it, or check what listens there",
+                ) from None
             self._view = memoryview(self._map)
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -216,12 +234,18 @@ class KvdClient:
             except P.FrameTooLarge as exc:
                 raise KvdProtocolError(str(exc)) from None
         body = self._pending.pop(0)
+        problem = ""
         try:
             msg = P.decode_body(body)
         except Exception:
-            raise KvdProtocolError("daemon sent a frame that is not valid msgpack") from None
-        if not isinstance(msg, dict):
-            raise KvdProtocolError("daemon sent a reply that is not a map")
+            problem = "daemon sent a frame that is not valid msgpack"
+        else:
+            if not isinstance(msg, dict):
+                problem = "daemon sent a reply that is not a map"
+        if problem:
+            for fd in fds:  # never leak descriptors that came with a reply we refuse
+                os.close(fd)
+            raise KvdProtocolError(problem)
         return msg, fds
 
     def _call(self, msg: dict[str, Any], want_fds: bool = False) -> tuple[dict[str, Any], list[int]]:
@@ -472,6 +496,7 @@ class KvdClient:
 
 
 __all__ = [
+    "KvdArenaError",
     "KvdClient",
     "KvdClientError",
     "KvdFull",
