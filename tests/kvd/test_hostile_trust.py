@@ -9,20 +9,25 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import socket
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import FakeDaemon, HealthProbe, hello_fds, raw
+from hostile import FakeDaemon, HealthProbe, hello_fds, raw, refused_start
 
 from helpers import Daemon
+from infera.errors import KvdError
+from infera.kvd import paths
 from infera.kvd.client import (
     KvdArenaError,
     KvdClient,
     KvdProtocolError,
 )
+from infera.kvd.config import default_socket_path
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second local user")
@@ -104,3 +109,139 @@ def test_a_short_arena_is_the_clients_own_error(short_tmp: Path) -> None:
             assert c.ping()
     with FakeDaemon(path, arena="none"), pytest.raises(KvdProtocolError, match="did not pass the arena"):
         KvdClient(path, timeout=5)
+
+
+# -- item 3: the socket path and the listener are vetted -------------------------------------
+def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(short_tmp: Path) -> None:
+    victim = short_tmp / "victim.txt"
+    victim.write_text("precious\n")
+    sock = short_tmp / "kvd.sock"
+    os.symlink(victim, str(sock) + ".lock")
+    err = refused_start(["--socket", str(sock), "--max-bytes", "8M"])
+    assert "symbolic link" in err
+    assert victim.read_text() == "precious\n"
+    assert os.path.islink(str(sock) + ".lock") and not sock.exists()
+
+
+@needs_root
+def test_a_hard_linked_lock_file_is_refused(short_tmp: Path) -> None:
+    victim = short_tmp / "victim.txt"
+    victim.write_text("precious\n")
+    sock = short_tmp / "kvd.sock"
+    os.link(victim, str(sock) + ".lock")
+    err = refused_start(["--socket", str(sock), "--max-bytes", "8M"])
+    assert "hard links" in err and victim.read_text() == "precious\n"
+
+
+@needs_root
+def test_a_socket_dir_of_another_user_is_refused(short_tmp: Path) -> None:
+    theirs = short_tmp / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, NOBODY, NOBODY)
+    err = refused_start(["--socket", str(theirs / "kvd.sock"), "--max-bytes", "8M"])
+    assert f"belongs to uid {NOBODY}" in err
+    assert os.listdir(theirs) == []
+
+
+@needs_root
+def test_a_socket_dir_below_a_directory_of_another_user_is_refused(short_tmp: Path) -> None:
+    theirs = short_tmp / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, NOBODY, NOBODY)  # they could rename our directory away and put theirs there
+    err = refused_start(["--socket", str(theirs / "ours" / "kvd.sock"), "--max-bytes", "8M"])
+    assert f"{theirs}, above the socket directory, belongs to uid {NOBODY}" in err
+    assert os.listdir(theirs) == []  # nothing was created in it
+
+
+def test_a_world_writable_socket_dir_needs_the_sticky_bit(short_tmp: Path) -> None:
+    open_dir = short_tmp / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    err = refused_start(["--socket", str(open_dir / "kvd.sock"), "--max-bytes", "8M"])
+    assert "without the sticky bit" in err and os.listdir(open_dir) == []
+    os.chmod(open_dir, 0o1777)  # like /tmp: others cannot remove or rename our files
+    d = Daemon(str(open_dir / "kvd.sock"), ["--max-bytes", "8M"], short_tmp / "sticky.log").start()
+    try:
+        with HealthProbe(d.socket) as probe:
+            enough_rounds(probe)
+        probe.assert_healthy()
+    finally:
+        d.stop()
+
+
+@needs_root
+def test_the_default_socket_dir_is_private_and_vetted(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("INFERA_KVD_SOCKET", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    assert paths.is_default_dir(os.path.dirname(default_socket_path()))
+    monkeypatch.setattr(paths, "DEFAULT_DIR_PREFIX", str(short_tmp / "infera-kvd-"))
+    default_dir = short_tmp / f"infera-kvd-{os.getuid()}"
+    sock = str(default_dir / "kvd.sock")
+    assert paths.prepare_socket_dir(sock) == str(default_dir)
+    assert stat.S_IMODE(os.stat(default_dir).st_mode) == 0o700
+    os.chown(default_dir, NOBODY, NOBODY)  # another user got there first
+    with pytest.raises(KvdError, match=f"belongs to uid {NOBODY}"):
+        paths.prepare_socket_dir(sock)
+    os.chown(default_dir, os.getuid(), os.getgid())
+    os.chmod(default_dir, 0o777)
+    with pytest.raises(KvdError, match="writable"):
+        paths.prepare_socket_dir(sock)
+    os.rmdir(default_dir)
+    target = short_tmp / "elsewhere"
+    target.mkdir(mode=0o700)
+    os.symlink(target, default_dir)
+    with pytest.raises(KvdError, match="symbolic link"):
+        paths.prepare_socket_dir(sock)
+    os.unlink(default_dir)
+    assert paths.prepare_socket_dir(sock, shared=True) == str(default_dir)  # --allow-uid: reachable
+    assert stat.S_IMODE(os.stat(default_dir).st_mode) == 0o711
+
+
+# -- item 4: only a stale socket is replaced --------------------------------------------------
+def _regular(p: Path) -> Callable[[], bool]:
+    p.write_text("not a socket\n")
+    return lambda: p.read_text() == "not a socket\n"
+
+
+def _directory(p: Path) -> Callable[[], bool]:
+    p.mkdir()
+    (p / "inside").write_text("x")
+    return lambda: (p / "inside").read_text() == "x"
+
+
+def _symlink(p: Path) -> Callable[[], bool]:
+    target = p.with_name("target.txt")
+    target.write_text("t")
+    os.symlink(target, p)
+    return lambda: p.is_symlink() and target.read_text() == "t"
+
+
+def _foreign_socket(p: Path) -> Callable[[], bool]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(p))
+    s.close()
+    os.chown(p, NOBODY, NOBODY)
+    return lambda: stat.S_ISSOCK(os.lstat(p).st_mode) and os.lstat(p).st_uid == NOBODY
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (_regular, "is a regular file, not a kvd socket"),
+        (_directory, "is a directory, not a kvd socket"),
+        (_symlink, "is a symbolic link, not a kvd socket"),
+        pytest.param(_foreign_socket, f"socket of uid {NOBODY}", marks=needs_root),
+    ],
+    ids=["regular-file", "directory", "symlink", "socket-of-another-uid"],
+)
+def test_only_a_stale_socket_is_replaced(
+    short_tmp: Path, make: Callable[[Path], Callable[[], bool]], needle: str
+) -> None:
+    path = short_tmp / "kvd.sock"
+    untouched = make(path)
+    err = refused_start(["--socket", str(path), "--max-bytes", "8M"])
+    first = next(ln for ln in err.splitlines() if ln.startswith("error: "))
+    assert needle in first
+    assert untouched()
