@@ -14,6 +14,7 @@ import contextlib
 import mmap
 import os
 import socket
+import struct
 import sys
 import threading
 import time
@@ -56,8 +57,58 @@ class KvdUnsupported(KvdProtocolError):
     """The daemon does not offer this feature in its current configuration."""
 
 
+class KvdUntrusted(KvdClientError):
+    """The process listening on the socket runs as a uid this client does not trust."""
+
+
 class KvdArenaError(KvdClientError):
     """The arena descriptor the daemon passed at HELLO is unusable (unsealed, short, unmappable)."""
+
+
+TRUST_ENV = "INFERA_KVD_TRUST_UID"
+_PEERCRED = struct.Struct("3i")
+
+
+def _env_trust_uids() -> set[int]:
+    """``$INFERA_KVD_TRUST_UID``: uids or user names, comma-separated (read at each connect)."""
+    raw = os.environ.get(TRUST_ENV, "")
+    uids: set[int] = set()
+    for item in raw.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if item.isdigit():
+            uids.add(int(item))
+            continue
+        import pwd
+
+        try:
+            uids.add(pwd.getpwnam(item).pw_uid)
+        except KeyError:
+            raise KvdClientError(
+                f"{TRUST_ENV}: {item!r} is not a uid or a user name", hint=f"e.g. {TRUST_ENV}=0,1001"
+            ) from None
+    return uids
+
+
+def _check_peer(sock: socket.socket, path: str, trust_uids: Iterable[int] | None) -> None:
+    """Refuse a listener run by an untrusted uid, before any byte is sent to it.
+
+    Trusted: this process's own uid, root, ``trust_uids`` and ``$INFERA_KVD_TRUST_UID``. Anyone
+    else could have put a fake daemon at a predictable path: it would receive every chunk this
+    client stores and feed it bytes of its choosing."""
+    _pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    if uid in (0, os.geteuid(), os.getuid()):
+        return
+    if trust_uids is not None and uid in set(trust_uids):
+        return
+    if uid in _env_trust_uids():
+        return
+    raise KvdUntrusted(
+        f"the process listening on {path} runs as uid {uid}, which this client does not trust",
+        hint=f"if that uid runs your kvd daemon, set {TRUST_ENV}={uid} (or pass trust_uids); "
+        "otherwise someone else put a socket there",
+    )
 
 
 def _default_spin() -> float:
@@ -103,6 +154,7 @@ class KvdClient:
         want_arena: bool = True,
         timeout: float | None = 30.0,
         spin_us: int | None = None,
+        trust_uids: Iterable[int] | None = None,
     ) -> None:
         self.socket_path = os.fspath(socket_path) if socket_path is not None else default_socket_path()
         self.namespace = namespace
@@ -135,6 +187,11 @@ class KvdClient:
                 f"cannot connect to kvd at {self.socket_path}: {exc.strerror or exc}",
                 hint="is the daemon running? `kvd stat --socket PATH` checks",
             ) from None
+        try:
+            _check_peer(sock, self.socket_path, trust_uids)
+        except BaseException:
+            sock.close()
+            raise
         self._sock = sock
         hello: dict[str, Any] = {
             "op": "HELLO",
@@ -504,4 +561,5 @@ __all__ = [
     "KvdRefused",
     "KvdUnavailable",
     "KvdUnsupported",
+    "KvdUntrusted",
 ]

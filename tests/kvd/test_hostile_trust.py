@@ -23,9 +23,12 @@ from helpers import Daemon
 from infera.errors import KvdError
 from infera.kvd import paths
 from infera.kvd.client import (
+    TRUST_ENV,
     KvdArenaError,
     KvdClient,
+    KvdClientError,
     KvdProtocolError,
+    KvdUntrusted,
 )
 from infera.kvd.config import default_socket_path
 
@@ -197,6 +200,50 @@ def test_the_default_socket_dir_is_private_and_vetted(
     os.unlink(default_dir)
     assert paths.prepare_socket_dir(sock, shared=True) == str(default_dir)  # --allow-uid: reachable
     assert stat.S_IMODE(os.stat(default_dir).st_mode) == 0o711
+
+
+def _evil_dir(short_tmp: Path) -> Path:
+    os.chmod(short_tmp, 0o755)  # the fake, as nobody, must reach its own directory
+    evil = short_tmp / "evil"
+    evil.mkdir(mode=0o755)
+    os.chown(evil, NOBODY, NOBODY)
+    return evil
+
+
+@needs_root
+def test_the_client_refuses_a_fake_daemon_of_another_uid(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(TRUST_ENV, raising=False)
+    path = str(_evil_dir(short_tmp) / "kvd.sock")
+    with FakeDaemon(path, uid=NOBODY) as fake:
+        with pytest.raises(KvdUntrusted, match=f"uid {NOBODY}") as info:
+            KvdClient(path, namespace="root-secrets", timeout=5)
+        assert TRUST_ENV in (info.value.hint or "")
+        wait_for(lambda: any(e["event"] == "closed" for e in fake.events), 10, "the fake to see the close")
+        assert fake.bytes_received == 0 and fake.ops == []  # not even the HELLO
+        monkeypatch.setenv(TRUST_ENV, "no-such-user-here")
+        with pytest.raises(KvdClientError, match=f"{TRUST_ENV}: 'no-such-user-here'"):
+            KvdClient(path, timeout=5)
+
+        # trusted on purpose: the environment variable, or the constructor argument
+        monkeypatch.setenv(TRUST_ENV, f"4242,{NOBODY}")
+        with KvdClient(path, timeout=5) as c:
+            assert c.server_version == "fake"
+            c.put(b"k", b"for the service user")
+        monkeypatch.delenv(TRUST_ENV)
+        with KvdClient(path, timeout=5, trust_uids=[NOBODY]) as c:
+            assert c.ping()
+        wait_for(lambda: "PUT" in fake.ops, 10, "the trusted PUT")
+        assert fake.ops.count("HELLO") == 2
+
+
+def test_own_uid_and_root_need_no_trust_configuration(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(TRUST_ENV, "no-such-user-here")
+    with daemon.client() as c:  # our own daemon: the variable is not even read
+        assert c.ping()
 
 
 # -- item 4: only a stale socket is replaced --------------------------------------------------
