@@ -67,6 +67,7 @@ class KvdArenaError(KvdClientError):
 
 TRUST_ENV = "INFERA_KVD_TRUST_UID"
 _PEERCRED = struct.Struct("3i")
+CONNECT_BACKOFF_MAX_S = 0.05  # longest pause between two connect attempts on a full accept queue
 
 
 def _env_trust_uids() -> set[int]:
@@ -89,6 +90,44 @@ def _env_trust_uids() -> set[int]:
                 f"{TRUST_ENV}: {item!r} is not a uid or a user name", hint=f"e.g. {TRUST_ENV}=0,1001"
             ) from None
     return uids
+
+
+def _connect(path: str, timeout: float | None) -> socket.socket:
+    """Connect, retrying while the daemon's accept queue is full (EAGAIN) until ``timeout``.
+
+    A Unix socket refuses a connect at once with EAGAIN when the listener's backlog is full,
+    however long the timeout: a busy second (hundreds of engines starting together) or a daemon
+    paused for a moment would fail them all. ECONNREFUSED means nobody listens: no retry."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+            return sock
+        except BlockingIOError:  # EAGAIN: the accept queue is full
+            sock.close()
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise KvdUnavailable(
+                    f"kvd at {path} did not accept the connection in time (its accept queue stayed full)",
+                    hint="the daemon is overloaded or stopped; `kvd stat --socket PATH` checks",
+                ) from None
+            time.sleep(pause if left is None else min(pause, left))
+            pause = min(pause * 2, CONNECT_BACKOFF_MAX_S)
+        except FileNotFoundError:
+            sock.close()
+            raise KvdUnavailable(
+                f"no kvd daemon at {path} (socket file not found)",
+                hint="start one with `kvd serve --socket PATH`, or set INFERA_KVD_SOCKET",
+            ) from None
+        except OSError as exc:
+            sock.close()
+            raise KvdUnavailable(
+                f"cannot connect to kvd at {path}: {exc.strerror or exc}",
+                hint="is the daemon running? `kvd stat --socket PATH` checks",
+            ) from None
 
 
 def _check_peer(sock: socket.socket, path: str, trust_uids: Iterable[int] | None) -> None:
@@ -171,22 +210,7 @@ class KvdClient:
         self.long_tier: str | None = None
         self.long_path: str | None = None
         self.client_id = 0
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
-        try:
-            sock.connect(self.socket_path)
-        except FileNotFoundError:
-            sock.close()
-            raise KvdUnavailable(
-                f"no kvd daemon at {self.socket_path} (socket file not found)",
-                hint="start one with `kvd serve --socket PATH`, or set INFERA_KVD_SOCKET",
-            ) from None
-        except OSError as exc:
-            sock.close()
-            raise KvdUnavailable(
-                f"cannot connect to kvd at {self.socket_path}: {exc.strerror or exc}",
-                hint="is the daemon running? `kvd stat --socket PATH` checks",
-            ) from None
+        sock = _connect(self.socket_path, timeout)
         try:
             _check_peer(sock, self.socket_path, trust_uids)
         except BaseException:

@@ -34,6 +34,7 @@ from infera.kvd.store import Store
 log = logging.getLogger("infera.kvd")
 
 _PEERCRED = struct.Struct("3i")
+LISTEN_BACKLOG = max(socket.SOMAXCONN, 4096)  # pending connects; the kernel caps it at net.core.somaxconn
 FLUSH_BLOCK_S = 2.0  # longest the loop waits for a client to drain before an fd-passing reply
 
 
@@ -124,7 +125,7 @@ class Server(Ops):
             sock.close()
             raise KvdError(f"cannot bind {path}: {exc.strerror}") from None
         os.chmod(path, self.cfg.socket_mode)
-        sock.listen(128)
+        sock.listen(LISTEN_BACKLOG)
         sock.setblocking(False)
         self.listener = sock
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import signal
 import socket
 import stat
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +30,7 @@ from infera.kvd.client import (
     KvdClient,
     KvdClientError,
     KvdProtocolError,
+    KvdUnavailable,
     KvdUntrusted,
 )
 from infera.kvd.config import default_socket_path
@@ -292,3 +295,93 @@ def test_only_a_stale_socket_is_replaced(
     first = next(ln for ln in err.splitlines() if ln.startswith("error: "))
     assert needle in first
     assert untouched()
+
+
+# -- item 14: a full accept queue is waited out -----------------------------------------------
+def test_a_paused_daemon_with_a_full_accept_queue_serves_every_client(
+    start_daemon: Callable[..., Daemon],
+) -> None:
+    d = start_daemon("--max-bytes", "8M")
+    n = 300
+    ok: list[KvdClient] = []
+    failed: list[str] = []
+    lock = threading.Lock()
+
+    def connect() -> None:
+        try:
+            c = KvdClient(d.socket, name="burst", timeout=10)
+        except Exception as exc:
+            with lock:
+                failed.append(f"{type(exc).__name__}: {exc}")
+        else:
+            with lock:
+                ok.append(c)
+
+    threads = [threading.Thread(target=connect, daemon=True) for _ in range(n)]
+    os.kill(d.pid, signal.SIGSTOP)
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+    finally:
+        os.kill(d.pid, signal.SIGCONT)
+    for t in threads:
+        t.join(15)
+    try:
+        assert not failed, f"{len(failed)} of {n} clients failed, e.g. {failed[:2]}"
+        assert len(ok) == n
+        with HealthProbe(d.socket) as probe:  # with all 300 still connected
+            enough_rounds(probe)
+        probe.assert_healthy()
+        assert d.client().stats()["connections_total"] >= n
+    finally:
+        for c in ok:
+            c.close()
+
+
+def test_the_client_retries_while_the_accept_queue_is_full(short_tmp: Path) -> None:
+    path = str(short_tmp / "fake.sock")
+    with FakeDaemon(path, backlog=0, hold_accept=True) as fake:
+        fillers: list[socket.socket] = []
+        try:
+            for _ in range(64):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.setblocking(False)
+                try:
+                    s.connect(path)
+                except BlockingIOError:
+                    s.close()
+                    break
+                fillers.append(s)
+            assert 1 <= len(fillers) < 64, "the accept queue never filled"
+            t0 = time.monotonic()
+            with pytest.raises(KvdUnavailable, match="did not accept the connection in time"):
+                KvdClient(path, timeout=0.3)
+            assert time.monotonic() - t0 >= 0.25  # it waited out its timeout, no more
+            result: list[Any] = []
+
+            def connect() -> None:
+                try:
+                    result.append(KvdClient(path, timeout=15))
+                except Exception as exc:
+                    result.append(exc)
+
+            t = threading.Thread(target=connect, daemon=True)
+            t.start()
+            time.sleep(0.3)
+            fake.release_accept()
+            t.join(20)
+            assert len(result) == 1 and isinstance(result[0], KvdClient), result
+            result[0].close()
+        finally:
+            for s in fillers:
+                s.close()
+    # nobody listening is not worth waiting for
+    stale = str(short_tmp / "stale.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(stale)
+    s.close()
+    t0 = time.monotonic()
+    with pytest.raises(KvdUnavailable, match="cannot connect"):
+        KvdClient(stale, timeout=10)
+    assert time.monotonic() - t0 < 2
