@@ -6,6 +6,25 @@ the mapped arena and seals it; a ``get`` leases a region, copies it out and rele
 
 The client is thread-safe (one lock around each request) and raises only :class:`KvdClientError`
 subclasses.
+
+What the client verifies before it trusts a daemon (one ``getsockopt`` and one ``fstat`` plus one
+``fcntl`` on top of the connect and HELLO round trip):
+
+* **who listens** (``SO_PEERCRED``, right after connect, before any byte is sent): the listener's
+  uid must be this process's own uid, root, or one of ``trust_uids=`` / ``$INFERA_KVD_TRUST_UID``
+  (comma-separated uids or user names). Anything else is :class:`KvdUntrusted`: another local
+  user's socket at a predictable path would otherwise receive every stored chunk and feed back
+  bytes of its choosing.
+* **the arena** passed at HELLO: a memfd whose size is sealed (``F_SEAL_SHRINK | F_SEAL_GROW``,
+  read with ``F_GET_SEALS``), at least as large as the announced ``arena_size``, and mappable.
+  An unsealed descriptor could be shrunk under the mapping (SIGBUS on the next access); only a
+  fake or outdated daemon sends one. Any failure is :class:`KvdArenaError`.
+* **a full accept queue** is not a failure: a connect refused with EAGAIN (hundreds of engines
+  connecting in one busy second, or a daemon paused for a moment) is retried with a short
+  backoff until ``timeout``. ECONNREFUSED (nobody listens) fails at once.
+
+It does not check the bytes a trusted daemon serves: every client the daemon serves can write
+the whole arena (docs/daemon.md, "Security model").
 """
 
 from __future__ import annotations
@@ -176,7 +195,8 @@ class KvdClient:
     ``namespace`` scopes every key: two clients with different namespaces never see each other's
     chunks. ``model``, ``role`` and ``hash_settings`` are declared at HELLO so the daemon (and
     ``kvd stat``, ``kvd top``, ``kvd doctor``) can say who is connected and whether engines of one
-    model agree on hashing.
+    model agree on hashing. ``trust_uids`` adds uids whose daemons this client accepts (besides its
+    own uid, root and ``$INFERA_KVD_TRUST_UID``): see the module docstring.
     """
 
     def __init__(
