@@ -5,20 +5,28 @@ Regions are carved out of it by :class:`Allocator`, a best-fit allocator over fr
 coalesces neighbours on free. Every region starts on a 4 KiB boundary, so a chunk in the arena
 can be the target of an O_DIRECT read, and same-size chunks never fragment the arena: the hole a
 freed chunk leaves is exactly the size of the next one.
+
+The memfd's size is sealed (``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``) before its descriptor
+is handed out, so no client can resize it: every offset below the capacity stays backed for the
+life of the arena, and no mapping of it (the daemon's, or another client's) can ever take SIGBUS.
 """
 
 from __future__ import annotations
 
 import bisect
 import ctypes
+import fcntl
 import logging
 import mmap
 import os
+import stat
 import threading
 import time
 
 ALIGN = 4096
 MADV_POPULATE_WRITE = 23
+SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW  # what a client requires of a received arena
+ARENA_SEALS = SIZE_SEALS | fcntl.F_SEAL_SEAL  # and no further seal (e.g. F_SEAL_FUTURE_WRITE) either
 log = logging.getLogger("infera.kvd")
 
 
@@ -104,8 +112,16 @@ class Arena:
 
     def __init__(self, capacity: int, name: str = "infera-kvd-arena") -> None:
         self.capacity = capacity - capacity % ALIGN
-        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, self.capacity)
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(self.fd, self.capacity)
+            # Seal the size before the descriptor leaves this process: a client that could
+            # ftruncate it would turn every other mapping's next access into SIGBUS (or, grown
+            # back, into zeros served as valid chunks). F_SEAL_SEAL stops anyone adding seals later.
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, ARENA_SEALS)
+        except BaseException:
+            os.close(self.fd)
+            raise
         self.map = mmap.mmap(self.fd, self.capacity, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.view = memoryview(self.map)
         self.closed = False
@@ -148,6 +164,36 @@ class Arena:
         os.close(self.fd)
 
 
+class ArenaFdError(Exception):
+    """A received arena descriptor is unusable (the client turns this into its own error type)."""
+
+
+def check_arena_fd(fd: int, size: int) -> None:
+    """Check a received arena before mapping it: a memfd whose size is sealed, at least ``size``
+    bytes long. An unsealed one could be shrunk under us (SIGBUS on the next access); only a
+    fake or outdated daemon sends one. One fstat and one fcntl."""
+    try:
+        st = os.fstat(fd)
+    except OSError as exc:
+        raise ArenaFdError(f"cannot stat it: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ArenaFdError("it is not a memory file")
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:
+        raise ArenaFdError("it is not a sealable memfd (its size could change under this client)") from None
+    if seals & SIZE_SEALS != SIZE_SEALS:
+        raise ArenaFdError("its size is not sealed (anyone holding it could shrink it under this client)")
+    if st.st_size < size:
+        raise ArenaFdError(f"it holds {st.st_size} bytes, fewer than the {size} announced")
+
+
 def map_arena(fd: int, size: int) -> mmap.mmap:
-    """Map an arena received from the daemon (client side)."""
-    return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    """Map an arena received from the daemon (client side); ArenaFdError if it is unusable."""
+    check_arena_fd(fd, size)
+    try:
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except (OSError, ValueError, OverflowError) as exc:
+        raise ArenaFdError(
+            f"cannot map {size} bytes of it: {getattr(exc, 'strerror', None) or exc}"
+        ) from None

@@ -6,6 +6,25 @@ the mapped arena and seals it; a ``get`` leases a region, copies it out and rele
 
 The client is thread-safe (one lock around each request) and raises only :class:`KvdClientError`
 subclasses.
+
+What the client verifies before it trusts a daemon (one ``getsockopt`` and one ``fstat`` plus one
+``fcntl`` on top of the connect and HELLO round trip):
+
+* **who listens** (``SO_PEERCRED``, right after connect, before any byte is sent): the listener's
+  uid must be this process's own uid, root, or one of ``trust_uids=`` / ``$INFERA_KVD_TRUST_UID``
+  (comma-separated uids or user names). Anything else is :class:`KvdUntrusted`: another local
+  user's socket at a predictable path would otherwise receive every stored chunk and feed back
+  bytes of its choosing.
+* **the arena** passed at HELLO: a memfd whose size is sealed (``F_SEAL_SHRINK | F_SEAL_GROW``,
+  read with ``F_GET_SEALS``), at least as large as the announced ``arena_size``, and mappable.
+  An unsealed descriptor could be shrunk under the mapping (SIGBUS on the next access); only a
+  fake or outdated daemon sends one. Any failure is :class:`KvdArenaError`.
+* **a full accept queue** is not a failure: a connect refused with EAGAIN (hundreds of engines
+  connecting in one busy second, or a daemon paused for a moment) is retried with a short
+  backoff until ``timeout``. ECONNREFUSED (nobody listens) fails at once.
+
+It does not check the bytes a trusted daemon serves: every client the daemon serves can write
+the whole arena (docs/daemon.md, "Security model").
 """
 
 from __future__ import annotations
@@ -14,6 +33,7 @@ import contextlib
 import mmap
 import os
 import socket
+import struct
 import sys
 import threading
 import time
@@ -22,7 +42,7 @@ from typing import Any
 
 from infera.errors import KvdError
 from infera.kvd import protocol as P
-from infera.kvd.arena import map_arena
+from infera.kvd.arena import ArenaFdError, map_arena
 from infera.kvd.config import default_socket_path
 
 Buffer = bytes | bytearray | memoryview
@@ -56,6 +76,99 @@ class KvdUnsupported(KvdProtocolError):
     """The daemon does not offer this feature in its current configuration."""
 
 
+class KvdUntrusted(KvdClientError):
+    """The process listening on the socket runs as a uid this client does not trust."""
+
+
+class KvdArenaError(KvdClientError):
+    """The arena descriptor the daemon passed at HELLO is unusable (unsealed, short, unmappable)."""
+
+
+TRUST_ENV = "INFERA_KVD_TRUST_UID"
+_PEERCRED = struct.Struct("3i")
+CONNECT_BACKOFF_MAX_S = 0.05  # longest pause between two connect attempts on a full accept queue
+
+
+def _env_trust_uids() -> set[int]:
+    """``$INFERA_KVD_TRUST_UID``: uids or user names, comma-separated (read at each connect)."""
+    raw = os.environ.get(TRUST_ENV, "")
+    uids: set[int] = set()
+    for item in raw.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if item.isdigit():
+            uids.add(int(item))
+            continue
+        import pwd
+
+        try:
+            uids.add(pwd.getpwnam(item).pw_uid)
+        except KeyError:
+            raise KvdClientError(
+                f"{TRUST_ENV}: {item!r} is not a uid or a user name", hint=f"e.g. {TRUST_ENV}=0,1001"
+            ) from None
+    return uids
+
+
+def _connect(path: str, timeout: float | None) -> socket.socket:
+    """Connect, retrying while the daemon's accept queue is full (EAGAIN) until ``timeout``.
+
+    A Unix socket refuses a connect at once with EAGAIN when the listener's backlog is full,
+    however long the timeout: a busy second (hundreds of engines starting together) or a daemon
+    paused for a moment would fail them all. ECONNREFUSED means nobody listens: no retry."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+            return sock
+        except BlockingIOError:  # EAGAIN: the accept queue is full
+            sock.close()
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise KvdUnavailable(
+                    f"kvd at {path} did not accept the connection in time (its accept queue stayed full)",
+                    hint="the daemon is overloaded or stopped; `kvd stat --socket PATH` checks",
+                ) from None
+            time.sleep(pause if left is None else min(pause, left))
+            pause = min(pause * 2, CONNECT_BACKOFF_MAX_S)
+        except FileNotFoundError:
+            sock.close()
+            raise KvdUnavailable(
+                f"no kvd daemon at {path} (socket file not found)",
+                hint="start one with `kvd serve --socket PATH`, or set INFERA_KVD_SOCKET",
+            ) from None
+        except OSError as exc:
+            sock.close()
+            raise KvdUnavailable(
+                f"cannot connect to kvd at {path}: {exc.strerror or exc}",
+                hint="is the daemon running? `kvd stat --socket PATH` checks",
+            ) from None
+
+
+def _check_peer(sock: socket.socket, path: str, trust_uids: Iterable[int] | None) -> None:
+    """Refuse a listener run by an untrusted uid, before any byte is sent to it.
+
+    Trusted: this process's own uid, root, ``trust_uids`` and ``$INFERA_KVD_TRUST_UID``. Anyone
+    else could have put a fake daemon at a predictable path: it would receive every chunk this
+    client stores and feed it bytes of its choosing."""
+    _pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    if uid in (0, os.geteuid(), os.getuid()):
+        return
+    if trust_uids is not None and uid in set(trust_uids):
+        return
+    if uid in _env_trust_uids():
+        return
+    raise KvdUntrusted(
+        f"the process listening on {path} runs as uid {uid}, which this client does not trust",
+        hint=f"if that uid runs your kvd daemon, set {TRUST_ENV}={uid} (or pass trust_uids); "
+        "otherwise someone else put a socket there",
+    )
+
+
 def _default_spin() -> float:
     """Seconds a client polls for a reply before blocking: ``$INFERA_KVD_SPIN_US`` (default 0: off)."""
     try:
@@ -82,7 +195,8 @@ class KvdClient:
     ``namespace`` scopes every key: two clients with different namespaces never see each other's
     chunks. ``model``, ``role`` and ``hash_settings`` are declared at HELLO so the daemon (and
     ``kvd stat``, ``kvd top``, ``kvd doctor``) can say who is connected and whether engines of one
-    model agree on hashing.
+    model agree on hashing. ``trust_uids`` adds uids whose daemons this client accepts (besides its
+    own uid, root and ``$INFERA_KVD_TRUST_UID``): see the module docstring.
     """
 
     def __init__(
@@ -99,6 +213,7 @@ class KvdClient:
         want_arena: bool = True,
         timeout: float | None = 30.0,
         spin_us: int | None = None,
+        trust_uids: Iterable[int] | None = None,
     ) -> None:
         self.socket_path = os.fspath(socket_path) if socket_path is not None else default_socket_path()
         self.namespace = namespace
@@ -113,22 +228,14 @@ class KvdClient:
         self.arena_size = 0
         self.server_version = ""
         self.long_tier: str | None = None
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
+        self.long_path: str | None = None
+        self.client_id = 0
+        sock = _connect(self.socket_path, timeout)
         try:
-            sock.connect(self.socket_path)
-        except FileNotFoundError:
+            _check_peer(sock, self.socket_path, trust_uids)
+        except BaseException:
             sock.close()
-            raise KvdUnavailable(
-                f"no kvd daemon at {self.socket_path} (socket file not found)",
-                hint="start one with `kvd serve --socket PATH`, or set INFERA_KVD_SOCKET",
-            ) from None
-        except OSError as exc:
-            sock.close()
-            raise KvdUnavailable(
-                f"cannot connect to kvd at {self.socket_path}: {exc.strerror or exc}",
-                hint="is the daemon running? `kvd stat --socket PATH` checks",
-            ) from None
+            raise
         self._sock = sock
         hello: dict[str, Any] = {
             "op": "HELLO",
@@ -147,28 +254,40 @@ class KvdClient:
         ):
             if value is not None:
                 hello[field] = value
+        fds: list[int] = []
         try:
             reply, fds = self._call(hello, want_fds=True)
+            if not reply.get("ok"):
+                raise _err(reply)
+            self._accept_hello(reply, fds, want_arena)
         except BaseException:
             self.close()
             raise
-        if not reply.get("ok"):
-            self.close()
-            raise _err(reply)
-        self.arena_size = int(reply["arena_size"])
+        finally:
+            for fd in fds:  # mapped (or refused) by now: the mapping keeps the memory alive
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _accept_hello(self, reply: dict[str, Any], fds: list[int], want_arena: bool) -> None:
+        size = reply.get("arena_size")
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+            raise KvdProtocolError(f"daemon announced an arena size of {size!r}, not a positive integer")
+        self.arena_size = size
         self.server_version = str(reply.get("server_version", ""))
         self.long_tier = reply.get("long_tier")
-        self.long_path: str | None = reply.get("long_path")
-        self.client_id = int(reply.get("client_id", 0))
+        self.long_path = reply.get("long_path")
+        client_id = reply.get("client_id", 0)
+        self.client_id = client_id if isinstance(client_id, int) else 0
         if want_arena:
             if not fds:
-                self.close()
                 raise KvdProtocolError("daemon did not pass the arena descriptor at HELLO")
             try:
-                self._map = map_arena(fds[0], self.arena_size)
-            finally:
-                for fd in fds:
-                    os.close(fd)
+                self._map = map_arena(fds[0], size)
+            except ArenaFdError as exc:
+                raise KvdArenaError(
+                    f"the arena descriptor from {self.socket_path} is unusable: {exc}",
+                    hint="is this a kvd daemon of this version? restart it, or check what listens there",
+                ) from None
             self._view = memoryview(self._map)
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -216,12 +335,18 @@ class KvdClient:
             except P.FrameTooLarge as exc:
                 raise KvdProtocolError(str(exc)) from None
         body = self._pending.pop(0)
+        problem = ""
         try:
             msg = P.decode_body(body)
         except Exception:
-            raise KvdProtocolError("daemon sent a frame that is not valid msgpack") from None
-        if not isinstance(msg, dict):
-            raise KvdProtocolError("daemon sent a reply that is not a map")
+            problem = "daemon sent a frame that is not valid msgpack"
+        else:
+            if not isinstance(msg, dict):
+                problem = "daemon sent a reply that is not a map"
+        if problem:
+            for fd in fds:  # never leak descriptors that came with a reply we refuse
+                os.close(fd)
+            raise KvdProtocolError(problem)
         return msg, fds
 
     def _call(self, msg: dict[str, Any], want_fds: bool = False) -> tuple[dict[str, Any], list[int]]:
@@ -472,6 +597,7 @@ class KvdClient:
 
 
 __all__ = [
+    "KvdArenaError",
     "KvdClient",
     "KvdClientError",
     "KvdFull",
@@ -479,4 +605,5 @@ __all__ = [
     "KvdRefused",
     "KvdUnavailable",
     "KvdUnsupported",
+    "KvdUntrusted",
 ]

@@ -8,7 +8,6 @@ endpoint) lives in threads that hand results back through :meth:`Server.call_soo
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import select
@@ -28,12 +27,14 @@ from infera.kvd.arena import Arena
 from infera.kvd.config import DaemonConfig
 from infera.kvd.conn import BadRequest, Client, Reply
 from infera.kvd.ops import Ops
+from infera.kvd.paths import acquire_lock, clear_stale_socket, prepare_socket_dir
 from infera.kvd.snapshot import build_snapshot, hash_warnings
 from infera.kvd.store import Store
 
 log = logging.getLogger("infera.kvd")
 
 _PEERCRED = struct.Struct("3i")
+LISTEN_BACKLOG = max(socket.SOMAXCONN, 4096)  # pending connects; the kernel caps it at net.core.somaxconn
 FLUSH_BLOCK_S = 2.0  # longest the loop waits for a client to drain before an fd-passing reply
 
 
@@ -113,44 +114,10 @@ class Server(Ops):
 
     def _bind(self) -> None:
         path = self.cfg.socket
-        parent = os.path.dirname(os.path.abspath(path))
-        try:
-            os.makedirs(parent, exist_ok=True)
-        except OSError as exc:
-            raise KvdError(f"cannot create the socket directory {parent}: {exc.strerror}") from None
-        lock_path = path + ".lock"
-        try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise KvdError(f"cannot open {lock_path}: {exc.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            holder = _read_pid(lock_path)
-            raise KvdError(
-                f"another kvd daemon is already serving {path}" + (f" (pid {holder})" if holder else ""),
-                hint="stop it first, or give this one a different --socket",
-            ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._lock_fd = fd
+        prepare_socket_dir(path, shared=self.cfg.allow_any_uid or bool(self.cfg.allow_uids))
+        self._lock_fd = acquire_lock(path + ".lock", path)
         # We hold the lock, so a socket file still there is stale unless something else answers on it.
-        if os.path.exists(path):
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                probe.settimeout(0.5)
-                probe.connect(path)
-            except OSError:
-                log.info("replacing stale socket file %s", path)
-                os.unlink(path)
-            else:
-                probe.close()
-                raise KvdError(
-                    f"something is already listening on {path}", hint="give this daemon a different --socket"
-                )
-            finally:
-                probe.close()
+        clear_stale_socket(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind(path)
@@ -158,7 +125,7 @@ class Server(Ops):
             sock.close()
             raise KvdError(f"cannot bind {path}: {exc.strerror}") from None
         os.chmod(path, self.cfg.socket_mode)
-        sock.listen(128)
+        sock.listen(LISTEN_BACKLOG)
         sock.setblocking(False)
         self.listener = sock
 
@@ -452,14 +419,6 @@ class Server(Ops):
     def refresh_snapshot(self) -> None:
         if self.store is not None:
             self.snapshot_cache = build_snapshot(self)
-
-
-def _read_pid(path: str) -> int | None:
-    try:
-        with open(path) as fh:
-            return int(fh.read().strip() or 0) or None
-    except (OSError, ValueError):
-        return None
 
 
 __all__ = ["Server", "hash_warnings"]
