@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import logging
+import tracemalloc
 
 import pytest
 
-from infera.engine.vllm import formats
+from infera.engine.vllm import config, formats
 from infera.engine.vllm.config import parse_chunk_tokens, parse_roots, read_env, retention_of
 from infera.errors import UsageError
 
@@ -75,6 +77,59 @@ def test_unknown_retention_warns_once(caplog: pytest.LogCaptureFixture) -> None:
         assert retention_of({"infera_retention": "forever-xyz"}) == "long"
         assert retention_of({"infera_retention": "forever-xyz"}) == "long"
     assert sum("forever-xyz" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warn-once memory of its own (the module keeps one per process)."""
+    if hasattr(config, "_WarnOnce"):
+        monkeypatch.setattr(config, "_unknown_retentions", config._WarnOnce())
+
+
+def test_unknown_retentions_cost_bounded_memory_and_log(fresh_warnings: None) -> None:
+    """Any HTTP client picks kv_transfer_params: 10,000 distinct 1 MB values may not grow the
+    engine's memory or its log (they were all kept, and logged in full)."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    logger = logging.getLogger("infera.engine.vllm")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    body = "x" * (1 << 20)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for i in range(10_000):
+            value = f"{i:06d}" + body  # distinct from the first character on
+            assert retention_of({"infera_retention": value}) == "long"
+            del value
+            grown = tracemalloc.get_traced_memory()[0] - base
+            assert grown < 256 << 10, f"{grown} bytes kept after {i + 1} values"
+            assert out.tell() < 8 << 10, f"{out.tell()} bytes logged after {i + 1} values"
+    finally:
+        tracemalloc.stop()
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    lines = out.getvalue().splitlines()
+    assert len(config._unknown_retentions.seen) <= 32
+    assert len(lines) == 33, "one line per remembered value, then one saying the rest go unlogged"
+    assert "'000000xxxxxxxx" in lines[0] and f"({len(body) + 6} characters)" in lines[0]
+    assert all(len(line) < 300 for line in lines)
+    assert "not logging any more" in lines[-1]
+    assert retention_of({"infera_retention": "SHORT"}) == "short", "known values still work"
+
+
+@pytest.mark.parametrize("value", [5, 1.5, True, ["long"], {"x": "y" * 100_000}])
+def test_non_string_retention_is_the_default_with_a_short_warning(
+    fresh_warnings: None, value: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="infera.engine.vllm"):
+        assert retention_of({"infera_retention": value}) == "long"
+        assert retention_of({"infera_retention": value}) == "long"
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1
+    assert f"is a {type(value).__name__}, not one of the strings" in messages[0]
+    assert len(messages[0]) < 200
 
 
 @pytest.mark.parametrize(

@@ -245,15 +245,23 @@ def test_the_engine_stats_line_shows_external_hits(server: Server, story: dict[s
 
 
 @pytest.mark.parametrize(
-    ("body", "status", "code"),
+    ("body", "status", "code", "message"),
     [
-        ({"prompt": "some text"}, 400, "no_tokenizer"),
-        ({"prompt": [1, 2, 3], "model": "other"}, 404, "model_not_found"),
-        ({"tokens": [1, 2]}, 400, "bad_request"),
-        ({"prompt": [1, "x"]}, 400, "bad_request"),
+        ({"prompt": "some text"}, 400, "no_tokenizer", "send token ids"),
+        ({"prompt": [1, 2, 3], "model": "other"}, 404, "model_not_found", "not 'other'"),
+        ({"tokens": [1, 2]}, 400, "bad_request", 'with "prompt"'),
+        ({"prompt": [1, "x"]}, 400, "bad_request", "token id at position 1 is not an integer: 'x'"),
+        ({"prompt": [1, 2.5]}, 400, "bad_request", "not an integer: 2.5"),
+        ({"prompt": [5, 999999]}, 400, "invalid_token", "token id 999999 at position 1 is outside the vocabulary (size 1000)"),
+        ({"prompt": [1000]}, 400, "invalid_token", "outside the vocabulary (size 1000)"),
+        ({"prompt": [3, -1]}, 400, "invalid_token", "token id -1 at position 1 is negative"),
+        ({"prompt": [7] * 3000}, 400, "prompt_too_long", "prompt of 3000 tokens exceeds max_model_len 2048"),
+        ({"prompt": []}, 400, "empty_prompt", "the prompt is empty"),
+        ({"prompt": ""}, 400, "empty_prompt", "the prompt is empty"),
     ],
-)
-def test_prewarm_errors_are_json(server: Server, body: Any, status: int, code: str) -> None:
+)  # fmt: skip
+def test_prewarm_errors_are_json(server: Server, body: Any, status: int, code: str, message: str) -> None:
     r = server.prewarm(body)
     assert r.status_code == status
     assert r.json()["error"]["code"] == code
+    assert message in r.json()["error"]["message"]

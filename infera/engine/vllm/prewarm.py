@@ -4,8 +4,9 @@ An agent harness calls it before the request that will need the prefix, so a dis
 the time-to-first-token budget. The route derives chunk keys exactly as the scheduler half does
 (same namespace, vLLM's own block hashing with the engine's hash settings) and sends one
 PREWARM. Body: ``{"prompt": "text" | [token ids], "model": optional}``; reply
-``{"chunks": n, "queued": k, "namespace": ...}``. Errors are JSON ``{"error": {...}}``
-with a 4xx/5xx status, never a traceback.
+``{"chunks": n, "queued": k, "namespace": ...}``. The prompt is checked as vLLM checks a
+request's (non-empty, integer ids inside the vocabulary, at most ``max_model_len`` tokens).
+Errors are JSON ``{"error": {"code", "message"}}`` with a 4xx/5xx status, never a traceback.
 """
 
 # No ``from __future__ import annotations`` here: FastAPI must see the route's real ``Request``
@@ -13,7 +14,7 @@ with a 4xx/5xx status, never a traceback.
 from typing import Any
 
 from infera.engine.vllm import compat
-from infera.engine.vllm.config import ConnectorEnv, read_env
+from infera.engine.vllm.config import ConnectorEnv, read_env, shown
 from infera.engine.vllm.keys import Namespace, chunk_hashes, lookup_keys
 
 PREWARM_PATH = "/v1/cache/prewarm"
@@ -41,19 +42,82 @@ class PrewarmError(Exception):
         self.message = message
 
 
-def _tokens(body: Any, tokenizer: Any) -> list[int]:
+def check_prompt(token_ids: Any, vocab_size: int | None, max_model_len: int | None) -> list[int]:
+    """The prompt's token ids, checked as vLLM checks a request's: a non-empty list of integers
+    in ``0 .. vocab_size - 1``, at most ``max_model_len`` long (a bound that is None is not
+    checked). Raises PrewarmError (400) saying what is wrong."""
+    if not isinstance(token_ids, list):
+        raise PrewarmError(400, "bad_request", '"prompt" must be a string or a list of token ids')
+    if not token_ids:
+        raise PrewarmError(400, "empty_prompt", "the prompt is empty")
+    if max_model_len is not None and len(token_ids) > max_model_len:
+        raise PrewarmError(
+            400,
+            "prompt_too_long",
+            f"prompt of {len(token_ids)} tokens exceeds max_model_len {max_model_len}",
+        )
+    for pos, tok in enumerate(token_ids):
+        if not isinstance(tok, int) or isinstance(tok, bool):
+            raise PrewarmError(
+                400,
+                "bad_request",
+                f"token id at position {pos} is not an integer: {_short(tok)}",
+            )
+        if tok < 0:
+            raise PrewarmError(400, "invalid_token", f"token id {_short(tok)} at position {pos} is negative")
+        if vocab_size is not None and tok >= vocab_size:
+            raise PrewarmError(
+                400,
+                "invalid_token",
+                f"token id {_short(tok)} at position {pos} is outside the vocabulary (size {vocab_size})",
+            )
+    return list(token_ids)
+
+
+def _short(value: Any) -> str:
+    """A bounded description of one JSON value a client sent."""
+    if value is None or isinstance(value, bool | float):
+        return repr(value)
+    if isinstance(value, int):
+        return str(value) if value.bit_length() <= 128 else f"a {value.bit_length()}-bit integer"
+    if isinstance(value, str):
+        return shown(value, 40)
+    return f"a {type(value).__name__}"
+
+
+def prompt_limits(vllm_config: Any, tokenizer: Any = None) -> tuple[int | None, int | None]:
+    """(vocabulary size, max_model_len) of the served model; None where it cannot be told.
+
+    The vocabulary is the larger of the model's and the tokenizer's, as vLLM's own check."""
+    model_config = getattr(vllm_config, "model_config", None)
+    vocab: int | None = None
+    try:
+        vocab = int(model_config.get_vocab_size())  # type: ignore[union-attr]
+    except Exception:
+        vocab = None
+    top = getattr(tokenizer, "max_token_id", None)
+    if isinstance(top, int) and vocab is not None:
+        vocab = max(vocab, top + 1)
+    limit = getattr(model_config, "max_model_len", None)
+    return vocab, int(limit) if isinstance(limit, int) and limit > 0 else None
+
+
+def _tokens(
+    body: Any, tokenizer: Any, vocab_size: int | None = None, max_model_len: int | None = None
+) -> list[int]:
     if not isinstance(body, dict) or "prompt" not in body:
         raise PrewarmError(400, "bad_request", 'the body must be a JSON object with "prompt"')
     prompt = body["prompt"]
-    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return list(prompt)
     if isinstance(prompt, str):
+        if not prompt:
+            raise PrewarmError(400, "empty_prompt", "the prompt is empty")
         if tokenizer is None:
             raise PrewarmError(
                 400, "no_tokenizer", "this server has no tokenizer (--skip-tokenizer-init); send token ids"
             )
-        return list(tokenizer.encode(prompt))
-    raise PrewarmError(400, "bad_request", '"prompt" must be a string or a list of token ids')
+        # the tokenizer's ids are in its vocabulary; the length still has to fit
+        return check_prompt(list(tokenizer.encode(prompt)), None, max_model_len)
+    return check_prompt(prompt, vocab_size, max_model_len)
 
 
 def prewarm(
@@ -66,7 +130,7 @@ def prewarm(
     names = {str(vllm_config.model_config.model), *[str(n) for n in served or ()]}
     if model is not None and str(model) not in names:
         raise PrewarmError(404, "model_not_found", f"this server serves {sorted(names)}, not {model!r}")
-    token_ids = _tokens(body, tokenizer)
+    token_ids = _tokens(body, tokenizer, *prompt_limits(vllm_config, tokenizer))
     try:
         ns, keys, chunks = prompt_keys(vllm_config, token_ids)
     except ValueError as exc:

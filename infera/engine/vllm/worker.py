@@ -16,6 +16,7 @@ which vLLM recomputes. Nothing here raises into vLLM.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -109,22 +110,33 @@ class WorkerHalf(GpuWorkerMixin):
         )
         if self.layout.device.type != "cpu" or self.gpu_path_on_cpu:
             self._setup_gpu(self.layout)
-        self.link.client()
-        self._log_paths()
-        self._report(force=True)
+        with self.link.using(wait=True):
+            self.link.client()
+            self._log_paths()
+            self._report(force=True)
+
+    def _device(self) -> Any:
+        """The KV's GPU as the current device: the link's watcher thread runs the hooks below
+        after a daemon restart, and a new thread's current device is GPU 0."""
+        layout = self.layout
+        if layout is not None and layout.device.type == "cuda":
+            return torch.cuda.device(layout.device)
+        return contextlib.nullcontext()
 
     def _on_connect(self, client: KvdClient) -> None:
         self.arena = torch.frombuffer(client.arena, dtype=torch.uint8) if client.arena_size else None
-        if self.gpu is not None and self.arena is not None:
-            self.pin.attach(self.arena)
+        with self._device():
+            if self.gpu is not None and self.arena is not None:
+                self.pin.attach(self.arena)
         if self.gd is not None:
             self.gd.connect(client)
 
     def _on_disconnect(self, client: KvdClient) -> None:
         """Nothing may still be copying into or out of the mapping when it goes away."""
-        if self.gpu is not None:
-            self.gpu.drain()
-            self.pin.detach()
+        with self._device():
+            if self.gpu is not None:
+                self.gpu.drain()
+                self.pin.detach()
         if self.gd is not None:
             self.gd.drain()
         self.arena = None
@@ -135,11 +147,15 @@ class WorkerHalf(GpuWorkerMixin):
             self.gpu.before_forward()
         if not meta.loads:
             return
-        try:
-            self._load(meta.loads)
-        except Exception:  # never into vLLM: the blocks are recomputed instead
-            log.exception("infera-kvd: load failed; recomputing those blocks")
-            self._fail_all(meta.loads)
+        with self.link.using() as usable:
+            if not usable:  # the link is reconnecting right now
+                self._fail_all(meta.loads)
+                return
+            try:
+                self._load(meta.loads)
+            except Exception:  # never into vLLM: the blocks are recomputed instead
+                log.exception("infera-kvd: load failed; recomputing those blocks")
+                self._fail_all(meta.loads)
 
     def _load(self, jobs: list[RequestJob]) -> None:
         if self.layout is None:
@@ -207,13 +223,18 @@ class WorkerHalf(GpuWorkerMixin):
 
     # -- saves -------------------------------------------------------------------------------
     def save(self, meta: InferaKvdMetadata) -> None:
-        if meta.saves and self.saves_here and self.layout is not None:
-            try:
-                self._save(meta.saves)
-            except Exception:  # a lost save is a future miss, never an engine failure
-                log.exception("infera-kvd: save failed; those chunks stay uncached")
-                self.counters["save_errors"] += 1
-        self._report()
+        with self.link.using() as usable:
+            if not usable:  # the link is reconnecting right now
+                if meta.saves and self.saves_here:
+                    self.counters["save_skipped_unavailable"] += sum(len(j.chunks) for j in meta.saves)
+                return
+            if meta.saves and self.saves_here and self.layout is not None:
+                try:
+                    self._save(meta.saves)
+                except Exception:  # a lost save is a future miss, never an engine failure
+                    log.exception("infera-kvd: save failed; those chunks stay uncached")
+                    self.counters["save_errors"] += 1
+            self._report()
 
     def _save(self, jobs: list[RequestJob]) -> None:
         layout = self.layout
