@@ -11,27 +11,26 @@ come back through ``Server.call_soon``. Consequences callers may rely on:
 * A GET that misses RAM but hits disk is answered once reader threads have copied the file into
   the arena and verified its checksum (the reply is deferred; the loop keeps serving). A file that
   fails verification is a miss, is counted and is moved to ``<long-path>/quarantine``.
-* At start the index is rebuilt from file names and sizes alone. Until that is done the tier is
-  ``loading``: LOOKUP and GET still find chunks on disk by looking at the path the key maps to.
+* At start the index is rebuilt from the files: only regular files whose header checks out are
+  indexed (:func:`diskio.scan`). Until that is done the tier is ``loading``: LOOKUP and GET still
+  find chunks on disk by checking the file the key maps to. No link under the root is followed.
 """
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import logging
 import os
-import shutil
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from infera.errors import KvdError
 from infera.kvd import chunkfile as cf
 from infera.kvd.store import LONG, Chunk
 from infera.kvd.tiers import diskio
+from infera.kvd.tiers.diskio import WriteJob
 from infera.kvd.tiers.diskread import Reads
 
 if TYPE_CHECKING:
@@ -44,21 +43,6 @@ READERS = 4
 MERGE_BATCH = 4096
 BACKLOG_MAX = 65536
 SECOND_CHANCES = 64  # files spared per eviction pass because their chunk is in RAM
-
-
-class WriteJob:
-    __slots__ = ("cancelled", "chunk", "digest", "fkey", "ns_text", "path", "size", "skipped", "unlinks")
-
-    def __init__(self, chunk: Chunk, fkey: bytes, digest: bytes, ns_text: str) -> None:
-        self.chunk = chunk
-        self.fkey = fkey
-        self.digest = digest
-        self.ns_text = ns_text
-        self.path = ""  # computed by the writer thread, off the loop
-        self.size = cf.HEADER_SIZE + chunk.length
-        self.cancelled = False
-        self.skipped = False
-        self.unlinks: list[str] = []
 
 
 class DiskTier:
@@ -77,7 +61,7 @@ class DiskTier:
         self.queue_max = max(1, cfg.long_write_queue)
         self.pin_max = server.arena.capacity // 2
         self._arena = server.arena.view
-        self._lock_fd = self._open_root()
+        self.root_fd, self._lock_fd = diskio.open_tree(self.root)
         self.index: OrderedDict[bytes, int] = OrderedDict()  # fkey -> file size, LRU first
         self.bytes_used = 0
         self.reserved = 0  # bytes of queued writes, counted against capacity before they land
@@ -87,7 +71,6 @@ class DiskTier:
         self._ns_by_prefix: dict[bytes, int] = {}
         self._writes: dict[bytes, WriteJob] = {}  # newest queued write per fkey
         self._backlog: OrderedDict[bytes, None] = OrderedDict()  # ikeys of unwritten long chunks
-        self._dirs: set[str] = set()
         self._failing: dict[str, str] = {}  # condition -> first message, logged once
         self._deleted_while_loading: set[bytes] = set()
         self._young_temps: list[str] = []
@@ -112,6 +95,7 @@ class DiskTier:
                 "prewarmed",
                 "promotion_no_room",
                 "files_other_version",
+                "files_ignored",
                 "quarantined",
                 "stale_temp_removed",
             ),
@@ -126,41 +110,7 @@ class DiskTier:
         self._load_started = time.monotonic()
         # the scan starts once the loop runs, so it never delays the daemon's first answer
         server.call_soon(threading.Thread(target=self._load, name="kvd-disk-load", daemon=True).start)
-        self._check_space()
-
-    # -- setup ------------------------------------------------------------------------------
-    def _open_root(self) -> int:
-        try:
-            os.makedirs(os.path.join(self.root, cf.VERSION_DIR), exist_ok=True)
-            fd = os.open(os.path.join(self.root, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise KvdError(
-                f"--long-path {self.root}: {exc.strerror}",
-                hint="give a directory this user can create and write",
-            ) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise KvdError(
-                f"--long-path {self.root} is in use by another kvd daemon",
-                hint="each daemon needs its own --long-path",
-            ) from None
-        return fd
-
-    def _check_space(self) -> None:
-        try:
-            free = shutil.disk_usage(self.root).free
-        except OSError:
-            return
-        if free < self.capacity:
-            log.warning(
-                "the filesystem of %s has %d bytes free, less than --long-bytes %d: writes will fail "
-                "with ENOSPC before the tier is full (counted in failed_writes)",
-                self.root,
-                free,
-                self.capacity,
-            )
+        diskio.check_space(self.root, self.capacity)
 
     # -- keys -------------------------------------------------------------------------------
     def ns_of(self, ikey: bytes) -> tuple[bytes, bytes, str]:
@@ -213,11 +163,16 @@ class DiskTier:
         self.index_load_s = round(time.monotonic() - self._load_started, 3)
         self._deleted_while_loading.clear()
         self.c["files_other_version"] += result.other_version
+        self.c["files_ignored"] += result.ignored
         self.c["quarantined"] += result.quarantined
         self.c["stale_temp_removed"] += result.stale_temps
         self._young_temps = result.young_temps
         for problem in result.unreadable:
             self.fail("scan", f"cannot read {problem}")
+        for what, outcome in result.corrupt:
+            self.reads.corrupt(what, outcome)
+        if result.ignored:
+            log.warning("disk tier: %d links, directories or FIFOs under chunk names ignored", result.ignored)
         self._make_room(0)
         log.info(
             "disk tier %s: %d chunk files, %d bytes of %d, indexed in %.3fs%s",
@@ -255,7 +210,7 @@ class DiskTier:
             self.bytes_used -= size
 
     def _unlink(self, fkey: bytes) -> None:
-        self._writers.submit(("unlink", diskio.file_path(self.root, fkey)), lane=hash(fkey))
+        self._writers.submit(("unlink", fkey), lane=hash(fkey))
 
     # -- writes -----------------------------------------------------------------------------
     def _on_seal(self, chunk: Chunk) -> None:
@@ -297,40 +252,17 @@ class DiskTier:
         kind, arg = item
         if kind == "unlink":
             try:
-                os.unlink(arg)
-            except FileNotFoundError:
-                pass
+                diskio.unlink_chunk(self.root_fd, arg)
             except OSError as exc:
+                why = f"unlink {diskio.file_path(self.root, arg)}: {exc}"
                 self.server.call_soon(
-                    functools.partial(self.fail, "unlink-" + diskio.classify_os_error(exc), f"unlink: {exc}")
+                    functools.partial(self.fail, "unlink-" + diskio.classify_os_error(exc), why)
                 )
             return
         job: WriteJob = arg
-        job.path = diskio.file_path(self.root, job.fkey)
-        chunk = job.chunk
-        err: OSError | None = None
         if self._test_write_delay:
             time.sleep(self._test_write_delay)
-        if job.cancelled or chunk.zombie:
-            job.skipped = True
-        else:
-            view = self._arena[chunk.offset : chunk.offset + chunk.length]
-            try:
-                header = cf.make_header(job.digest, chunk.key, view, namespace_text=job.ns_text)
-                d = os.path.dirname(job.path)
-                if d not in self._dirs:
-                    cf.ensure_dir(self.root, job.digest, chunk.key, job.ns_text)
-                    self._dirs.add(d)
-                try:
-                    cf.write_file(job.path, header.pack(), view, sync=self.sync)
-                except FileNotFoundError:  # directory removed behind our back
-                    self._dirs.discard(d)
-                    cf.ensure_dir(self.root, job.digest, chunk.key, job.ns_text)
-                    cf.write_file(job.path, header.pack(), view, sync=self.sync)
-            except OSError as exc:
-                err = exc
-            finally:
-                view.release()
+        err = diskio.write_job(job, self._arena, self.root_fd, self.sync)
         self.server.call_soon(lambda: self._write_done(job, err))
 
     def _write_done(self, job: WriteJob, err: OSError | None) -> None:
@@ -343,7 +275,8 @@ class DiskTier:
             del self._writes[job.fkey]
         if err is not None:
             self.c["failed_writes"] += 1
-            self.fail("write-" + diskio.classify_os_error(err), f"writing {job.path}: {err.strerror or err}")
+            where = diskio.file_path(self.root, job.fkey)
+            self.fail("write-" + diskio.classify_os_error(err), f"writing {where}: {diskio.describe(err)}")
         elif not job.skipped and not job.cancelled:
             self.forget(job.fkey)
             self.index[job.fkey] = job.size
@@ -393,16 +326,16 @@ class DiskTier:
         return self.loading and self.probe(fkey) is not None
 
     def probe(self, fkey: bytes) -> int | None:
-        """While the index loads, look at the file itself (one stat) and index it if present."""
+        """While the index loads, check the file itself (its header, never through a link) and
+        index it if it is a usable chunk file."""
         if fkey in self._deleted_while_loading:
             return None
-        try:
-            size = os.stat(diskio.file_path(self.root, fkey)).st_size
-        except OSError:
+        v = diskio.check_chunk(self.root_fd, fkey)
+        if v.kind != diskio.OK:
             return None
-        self.index[fkey] = size
-        self.bytes_used += size
-        return size
+        self.index[fkey] = v.size
+        self.bytes_used += v.size
+        return v.size
 
     def promote(self, ikey: bytes) -> Chunk | None:
         """Called by GET for a key neither RAM nor a finished read could serve: a long-tier miss."""
@@ -422,18 +355,19 @@ class DiskTier:
 
     # -- files written by clients (GPU-direct) ------------------------------------------------
     def adopt(self, ikeys: list[bytes], lengths: list[int]) -> int:
-        """Index chunk files a client wrote under our root (one stat each, on the loop)."""
+        """Index chunk files a client wrote under our root (a header check each, on the loop:
+        the header was just written, so it is in the page cache). A key whose file is missing or
+        unusable is written through from RAM if RAM holds it."""
         n = 0
         for ikey, length in zip(ikeys, lengths, strict=True):
             fkey = self.fkey(ikey)
-            try:
-                size = os.stat(diskio.file_path(self.root, fkey)).st_size
-            except OSError:
+            v = diskio.check_chunk(self.root_fd, fkey)
+            if v.kind != diskio.OK or v.size != cf.HEADER_SIZE + length:
                 self.c["adopt_missing"] = self.c.get("adopt_missing", 0) + 1
+                self.c["files_ignored"] += v.kind == diskio.IGNORED
+                self.write_through([ikey])
                 continue
-            if size != cf.HEADER_SIZE + length:
-                self.c["adopt_missing"] = self.c.get("adopt_missing", 0) + 1
-                continue
+            size = v.size
             job = self._writes.pop(fkey, None)
             if job is not None:
                 job.cancelled = True
@@ -484,18 +418,8 @@ class DiskTier:
     # -- housekeeping -----------------------------------------------------------------------
     def tick(self) -> None:
         if self._young_temps:
-            now = time.time()
-            keep = []
-            for path in self._young_temps:
-                try:
-                    if now - os.stat(path).st_mtime >= diskio.STALE_TEMP_S:
-                        os.unlink(path)
-                        self.c["stale_temp_removed"] += 1
-                    else:
-                        keep.append(path)
-                except OSError:
-                    pass
-            self._young_temps = keep
+            self._young_temps, removed = diskio.sweep_young(self.root_fd, self.root, self._young_temps)
+            self.c["stale_temp_removed"] += removed
         self._drain_backlog()
 
     @property
@@ -531,10 +455,11 @@ class DiskTier:
         if not self._writers.close(timeout=15.0):
             log.warning("disk tier: writes still running at shutdown; their chunks may be missing")
         self.reads.close(timeout=5.0)
-        try:
-            os.close(self._lock_fd)
-        except OSError:
-            pass
+        for fd in (self._lock_fd, self.root_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 __all__ = ["DiskTier"]
