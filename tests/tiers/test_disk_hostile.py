@@ -7,18 +7,30 @@ was served correct bytes within the deadline while the disk misbehaved.
 from __future__ import annotations
 
 import os
+import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hostile import HealthProbe, tree_snapshot
+from hostile import HealthProbe, fill_up, tmpfs, tree_snapshot
 from test_disk_tier import NS, disk_daemon, long_stats, wait_for, wait_ready
 
 from helpers import Daemon
 from infera.kvd import chunkfile as cf
 
+N = 100
+SIZE = 8 << 10  # 100 chunk files of 12 KiB fit a 2 MiB tmpfs once the filler is gone
 
-def payloads(n: int, size: int = 8 << 10, prefix: str = "key") -> dict[bytes, bytes]:
+
+def payloads(n: int = N, size: int = SIZE, prefix: str = "key") -> dict[bytes, bytes]:
     return {f"{prefix}-{i}".encode(): os.urandom(size) for i in range(n)}
+
+
+def wait_all_failed(c, n: int = N):  # type: ignore[no-untyped-def]
+    return wait_for(
+        lambda: (s := long_stats(c))["queued_writes"] == 0 and s["failed_writes"] >= n and s,
+        what=f"{n} failed writes",
+    )
 
 
 def enough_rounds(probe: HealthProbe, n: int = 40) -> None:
@@ -35,6 +47,134 @@ def read_back(d: Daemon, data: dict[bytes, bytes]) -> None:
         assert not missing, f"{len(missing)} of {len(data)} long chunks lost: {missing[:3]}"
         assert all(got[k] == v for k, v in data.items()), "wrong bytes read back"
         assert long_stats(c)["hits"] == len(data)
+
+
+# -- item 10: failed writes are retried; a clean stop makes a last attempt ----------------------
+def test_failed_writes_are_retried_once_space_is_back(
+    start_daemon: Callable[..., Daemon], short_tmp: Path
+) -> None:
+    with tmpfs(short_tmp / "small", "2m") as mnt:
+        filler = fill_up(mnt)
+        d = disk_daemon(start_daemon, Path(mnt), "64M", "64M")
+        data = payloads()
+        with HealthProbe(d.socket) as probe, d.client(namespace=NS) as c:
+            for k, v in data.items():
+                assert c.put(k, v)
+            s = wait_all_failed(c)
+            assert s["files_written"] == 0 and s["unpersisted"] == N and s["state"] == "degraded"
+            wait_for(lambda: long_stats(c)["write_retries"] >= 1, what="a retry while the disk is full")
+            assert long_stats(c)["recovered_writes"] == 0
+            os.unlink(filler)
+            s = wait_for(
+                lambda: (s := long_stats(c))["unpersisted"] == 0 and s["queued_writes"] == 0 and s,
+                timeout=20,
+                what="retries after space came back",
+            )
+            assert s["recovered_writes"] == N and s["chunks"] == N and s["state"] == "ready"
+            assert all(c.get(k) == v for k, v in data.items())
+            enough_rounds(probe)
+        probe.assert_healthy()
+        d.kill()  # kill -9: what is on disk now got there through the retries
+        d.start()
+        read_back(d, data)
+        d.stop()
+
+
+def test_clean_stop_writes_chunks_whose_writes_failed(
+    start_daemon: Callable[..., Daemon], short_tmp: Path
+) -> None:
+    with tmpfs(short_tmp / "small", "2m") as mnt:
+        filler = fill_up(mnt)
+        # retries held back for a minute: only the final attempt at the clean stop can write them
+        d = disk_daemon(start_daemon, Path(mnt), "64M", "64M", env={"INFERA_KVD_DISK_RETRY_S": "60"})
+        data = payloads()
+        with HealthProbe(d.socket) as probe, d.client(namespace=NS) as c:
+            for k, v in data.items():
+                assert c.put(k, v)
+            s = wait_all_failed(c)
+            assert s["unpersisted"] == N and s["write_retries"] == 0
+            os.unlink(filler)
+            enough_rounds(probe)
+        probe.assert_healthy()
+        t0 = time.monotonic()
+        assert d.stop() == 0
+        assert time.monotonic() - t0 < 10
+        assert re.search(rf"clean stop: {N} long chunks written, 0 not written", d.log()), d.log()[-2000:]
+        d.start()
+        read_back(d, data)
+        d.stop()
+
+
+def test_clean_stop_on_a_full_disk_counts_and_says_what_is_lost(
+    start_daemon: Callable[..., Daemon], short_tmp: Path
+) -> None:
+    with tmpfs(short_tmp / "small", "2m") as mnt:
+        fill_up(mnt)
+        # a 1 MiB arena cannot hold 100 chunks of 16 KiB: the oldest unwritten ones are evicted
+        d = disk_daemon(start_daemon, Path(mnt), "1M", "64M", env={"INFERA_KVD_DISK_RETRY_S": "60"})
+        with HealthProbe(d.socket, size=4 << 10) as probe, d.client(namespace=NS) as c:
+            for k, v in payloads(size=16 << 10).items():
+                assert c.put(k, v)
+            s = wait_all_failed(c, n=1)
+            s = wait_for(lambda: (s := long_stats(c))["queued_writes"] == 0 and s, what="writes done")
+            top = c.stats()
+            evicted = top["long_unpersisted_evicted_total"]
+            assert evicted > 0 and evicted == s["evicted_unwritten"]
+            assert s["unpersisted"] + evicted == N, "every long chunk is either waiting or counted lost"
+            enough_rounds(probe)
+        probe.assert_healthy()
+        left = s["unpersisted"]
+        assert d.stop() == 0
+        log = d.log()
+        assert re.search(rf"clean stop: 0 long chunks written, {left} not written", log), log[-2000:]
+        assert "No space left" in log
+
+
+def test_retry_back_off_probes_one_at_a_time_and_wakes_all_on_recovery() -> None:
+    from infera.kvd.tiers.writeretry import Retries
+
+    now = [0.0]
+    r = Retries(1.0, 30.0, clock=lambda: now[0])
+    keys = [f"k{i}".encode() for i in range(5)]
+    for k in keys:
+        r.failed(k, retried=False)
+    assert len(r) == 5 and r.due() == [], "nothing before 1 s"
+    now[0] = 1.0
+    probe = r.due()
+    assert len(probe) == 1 and r.due() == [], "while failing, one probe at a time"
+    r.failed(probe[0], retried=True)
+    now[0] = 1.5
+    assert r.due() == [], "the next probe waits the probe gap (1 s, then 2 s...)"
+    now[0] = 2.0
+    second = r.due()
+    assert len(second) == 1 and second != probe
+    r.failed(second[0], retried=True)
+    now[0] = 3.9
+    assert r.due() == []
+    now[0] = 4.0
+    third = r.due()
+    assert len(third) == 1
+    assert not r.succeeded(b"unrelated", retried=False)  # a fresh write of another key worked
+    assert r.succeeded(third[0], retried=True), "a retry that worked: recovered"
+    rest = r.due()
+    assert sorted(rest) == sorted(set(keys) - set(third)), "recovery makes every waiting key due"
+    for k in rest:
+        r.succeeded(k, retried=True)
+    assert len(r) == 0 and r.inflight == 0
+
+    # one key failing alone backs off 1, 2, 4 ... 30 s; a dropped key is never handed out again
+    r.failed(b"bad", retried=False)
+    waits = []
+    for _ in range(7):
+        due_at = min(e[0] for e in r.waiting.values())
+        waits.append(due_at - now[0])
+        now[0] = max(due_at, now[0] + 60)  # past any probe gap too
+        assert r.due() == [b"bad"]
+        r.failed(b"bad", retried=True)
+    assert waits == [1, 2, 4, 8, 16, 30, 30]
+    r.drop(b"bad")
+    now[0] += 100
+    assert r.due() == [] and len(r) == 0
 
 
 # -- item 11: non-regular, short and bad-header files are never indexed -------------------------

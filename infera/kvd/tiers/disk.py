@@ -8,6 +8,9 @@ come back through ``Server.call_soon``. Consequences callers may rely on:
   reuse its bytes) and queued; the queue is bounded by ``--long-write-queue`` jobs and by half the
   arena in bytes. A chunk that does not fit is counted in ``dropped_writes`` and kept in a backlog
   that is written once the queue drains, if it is still in RAM by then.
+* A write that fails (ENOSPC, EIO...) leaves the chunk "not on the long tier"; it is retried with
+  back-off while it is in RAM (:mod:`writeretry`), and a clean stop makes a last attempt at every
+  ``long`` chunk in RAM not yet on disk (:meth:`DiskTier.close`). Evicting one counts as lost.
 * A GET that misses RAM but hits disk is answered once reader threads have copied the file into
   the arena and verified its checksum (the reply is deferred; the loop keeps serving). A file that
   fails verification is a miss, is counted and is moved to ``<long-path>/quarantine``.
@@ -21,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import queue
 import threading
 import time
 from collections import OrderedDict
@@ -32,6 +36,7 @@ from infera.kvd.store import LONG, Chunk
 from infera.kvd.tiers import diskio
 from infera.kvd.tiers.diskio import WriteJob
 from infera.kvd.tiers.diskread import Reads
+from infera.kvd.tiers.writeretry import Retries
 
 if TYPE_CHECKING:
     from infera.kvd.config import DaemonConfig
@@ -43,6 +48,7 @@ READERS = 4
 MERGE_BATCH = 4096
 BACKLOG_MAX = 65536
 SECOND_CHANCES = 64  # files spared per eviction pass because their chunk is in RAM
+STOP_BUDGET_S = 10.0  # a clean stop's last attempt at unwritten chunks (INFERA_KVD_DISK_STOP_S)
 
 
 class DiskTier:
@@ -71,6 +77,9 @@ class DiskTier:
         self._ns_by_prefix: dict[bytes, int] = {}
         self._writes: dict[bytes, WriteJob] = {}  # newest queued write per fkey
         self._backlog: OrderedDict[bytes, None] = OrderedDict()  # ikeys of unwritten long chunks
+        self.retries = Retries(float(os.environ.get("INFERA_KVD_DISK_RETRY_S", "0")) or 1.0)
+        self._done: queue.SimpleQueue[tuple[WriteJob, OSError | None]] = queue.SimpleQueue()
+        self._stop_by = 0.0  # set by close(): writes not started by then are skipped
         self._failing: dict[str, str] = {}  # condition -> first message, logged once
         self._deleted_while_loading: set[bytes] = set()
         self._young_temps: list[str] = []
@@ -98,10 +107,13 @@ class DiskTier:
                 "files_ignored",
                 "quarantined",
                 "stale_temp_removed",
+                "write_retries",
+                "recovered_writes",
             ),
             0,
         )
         self.store.c.setdefault("corrupt_chunks_total", 0)
+        self.store.c.setdefault("long_unpersisted_evicted_total", 0)
         self.store.on_seal = self._on_seal
         self.store.on_drop = self._on_drop
         writers = int(os.environ.get("INFERA_KVD_DISK_WRITERS", "0")) or cfg.long_writers
@@ -222,10 +234,12 @@ class DiskTier:
                 self._backlog[chunk.ikey] = None
 
     def _on_drop(self, chunk: Chunk, reason: str) -> None:
+        self.retries.drop(chunk.ikey)
         if reason == "evicted" and chunk.retention == LONG and not chunk.on_long:
-            self.c["evicted_unwritten"] += 1
+            self.c["evicted_unwritten"] += 1  # data loss: the only copy is gone
+            self.store.c["long_unpersisted_evicted_total"] += 1
 
-    def _enqueue_write(self, chunk: Chunk) -> bool:
+    def _enqueue_write(self, chunk: Chunk, retry: bool = False) -> bool:
         """Queue a write-through of ``chunk``; False when the queue is full (nothing pinned)."""
         size = cf.HEADER_SIZE + chunk.length
         if size > self.capacity:
@@ -236,7 +250,7 @@ class DiskTier:
         digest, prefix, text = self.ns_of(chunk.ikey)
         fkey = prefix + chunk.key
         self._make_room(size)
-        job = WriteJob(chunk, fkey, digest, text)
+        job = WriteJob(chunk, fkey, digest, text, retry)
         chunk.pins += 1
         self.pinned += chunk.length
         self.reserved += size
@@ -262,8 +276,19 @@ class DiskTier:
         job: WriteJob = arg
         if self._test_write_delay:
             time.sleep(self._test_write_delay)
-        err = diskio.write_job(job, self._arena, self.root_fd, self.sync)
-        self.server.call_soon(lambda: self._write_done(job, err))
+        stopped = self._stop_by and time.monotonic() > self._stop_by
+        err = None if stopped else diskio.write_job(job, self._arena, self.root_fd, self.sync)
+        job.skipped |= bool(stopped)
+        self._done.put((job, err))  # in a queue, so that close() finds what the loop did not see
+        self.server.call_soon(self._drain_done)
+
+    def _drain_done(self) -> None:
+        while True:
+            try:
+                job, err = self._done.get_nowait()
+            except queue.Empty:
+                return
+            self._write_done(job, err)
 
     def _write_done(self, job: WriteJob, err: OSError | None) -> None:
         chunk = job.chunk
@@ -273,21 +298,43 @@ class DiskTier:
         self.queued -= 1
         if self._writes.get(job.fkey) is job:
             del self._writes[job.fkey]
+        live = not chunk.zombie and self.store.index.get(chunk.ikey) is chunk
         if err is not None:
             self.c["failed_writes"] += 1
             where = diskio.file_path(self.root, job.fkey)
             self.fail("write-" + diskio.classify_os_error(err), f"writing {where}: {diskio.describe(err)}")
+            if live and not chunk.on_long and not job.cancelled:
+                self.retries.failed(chunk.ikey, job.retry)  # still only in RAM: try again later
+            else:
+                self.retries.skipped(chunk.ikey, job.retry)
         elif not job.skipped and not job.cancelled:
             self.forget(job.fkey)
             self.index[job.fkey] = job.size
             self.bytes_used += job.size
             self.c["bytes_written"] += job.size
             self.c["files_written"] += 1
+            if self.retries.succeeded(chunk.ikey, job.retry):
+                self.c["recovered_writes"] += 1
             if not chunk.zombie:
                 chunk.on_long = True
             self._recovered()
             self._make_room(0)
+        else:
+            self.retries.skipped(chunk.ikey, job.retry)
         self._drain_backlog()
+        self._retry_due()
+
+    def _retry_due(self) -> None:
+        if self._stop_by:
+            return
+        for ikey in self.retries.due():
+            chunk = self.store.index.get(ikey)
+            if chunk is None or chunk.on_long or chunk.retention != LONG or self.fkey(ikey) in self._writes:
+                self.retries.skipped(ikey, True)
+            elif self._enqueue_write(chunk, retry=True):
+                self.c["write_retries"] += 1
+            else:
+                self.retries.later(ikey)
 
     def _drain_backlog(self) -> None:
         while self._backlog and self.queued < self.queue_max:
@@ -421,6 +468,7 @@ class DiskTier:
             self._young_temps, removed = diskio.sweep_young(self.root_fd, self.root, self._young_temps)
             self.c["stale_temp_removed"] += removed
         self._drain_backlog()
+        self._retry_due()
 
     @property
     def state(self) -> str:
@@ -440,6 +488,7 @@ class DiskTier:
             "capacity": self.capacity,
             "queued_writes": self.queued,
             "backlog": len(self._backlog),
+            "unpersisted": len(self.retries),
             "reads_in_flight": self.reads.inflight,
             "index_load_s": self.index_load_s,
             "last_error": self.last_error,
@@ -448,11 +497,31 @@ class DiskTier:
         }
 
     def close(self) -> None:
-        """Write what is queued or backlogged (bounded wait), then stop every thread before the
-        arena goes: a clean stop (SIGTERM) persists every ``long`` chunk still in RAM."""
-        self.queue_max = self.pin_max = 1 << 62  # the loop is gone: write the whole backlog now
-        self._drain_backlog()
-        if not self._writers.close(timeout=15.0):
+        """A clean stop (SIGTERM): a last attempt at every ``long`` chunk in RAM not yet on disk
+        (queued, backlogged, or whose write failed), within ``INFERA_KVD_DISK_STOP_S`` (10 s),
+        logging how many remain unwritten; then every thread stops before the arena goes."""
+        budget = float(os.environ.get("INFERA_KVD_DISK_STOP_S", "0")) or STOP_BUDGET_S
+        self._stop_by = time.monotonic() + budget
+        self.queue_max = self.pin_max = 1 << 62  # the loop is gone: queue everything now
+        self._backlog.clear()
+        todo = [c for c in self.store.index.values() if c.retention == LONG and not c.on_long]
+        for chunk in todo:
+            if self.fkey(chunk.ikey) not in self._writes:
+                self._enqueue_write(chunk)
+        while self.queued > 0 and time.monotonic() < self._stop_by:  # the loop's part, here
+            try:
+                job, err = self._done.get(timeout=max(0.0, self._stop_by - time.monotonic()))
+            except queue.Empty:
+                break
+            self._write_done(job, err)
+        left = [c for c in todo if not c.on_long and not c.zombie]
+        (log.warning if left else log.info)(
+            "disk tier: clean stop: %d long chunks written, %d not written%s",
+            len(todo) - len(left),
+            len(left),
+            f" (lost: {self.last_error or 'out of time'})" if left else "",
+        )
+        if not self._writers.close(timeout=max(0.5, self._stop_by - time.monotonic())):
             log.warning("disk tier: writes still running at shutdown; their chunks may be missing")
         self.reads.close(timeout=5.0)
         for fd in (self._lock_fd, self.root_fd):

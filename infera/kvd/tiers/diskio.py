@@ -74,13 +74,14 @@ class Workers:
 class WriteJob:
     """One write-through of a sealed chunk (the chunk is pinned while the job is queued)."""
 
-    __slots__ = ("cancelled", "chunk", "digest", "fkey", "ns_text", "size", "skipped")
+    __slots__ = ("cancelled", "chunk", "digest", "fkey", "ns_text", "retry", "size", "skipped")
 
-    def __init__(self, chunk: Chunk, fkey: bytes, digest: bytes, ns_text: str) -> None:
+    def __init__(self, chunk: Chunk, fkey: bytes, digest: bytes, ns_text: str, retry: bool) -> None:
         self.chunk = chunk
         self.fkey = fkey
         self.digest = digest
         self.ns_text = ns_text
+        self.retry = retry  # handed out by Retries.due
         self.size = cf.HEADER_SIZE + chunk.length
         self.cancelled = False
         self.skipped = False
@@ -169,7 +170,7 @@ def check_space(root: str, capacity: int) -> None:
     if free < capacity:
         log.warning(
             "the filesystem of %s has %d bytes free, less than --long-bytes %d: writes will fail "
-            "with ENOSPC before the tier is full (counted in failed_writes)",
+            "with ENOSPC before the tier is full (counted in failed_writes, retried)",
             root,
             free,
             capacity,
