@@ -8,31 +8,35 @@ come back through ``Server.call_soon``. Consequences callers may rely on:
   reuse its bytes) and queued; the queue is bounded by ``--long-write-queue`` jobs and by half the
   arena in bytes. A chunk that does not fit is counted in ``dropped_writes`` and kept in a backlog
   that is written once the queue drains, if it is still in RAM by then.
+* A write that fails (ENOSPC, EIO...) leaves the chunk "not on the long tier"; it is retried with
+  back-off while it is in RAM (:mod:`writeretry`), and a clean stop makes a last attempt at every
+  ``long`` chunk in RAM not yet on disk (:meth:`DiskTier.close`). Evicting one counts as lost.
 * A GET that misses RAM but hits disk is answered once reader threads have copied the file into
   the arena and verified its checksum (the reply is deferred; the loop keeps serving). A file that
   fails verification is a miss, is counted and is moved to ``<long-path>/quarantine``.
-* At start the index is rebuilt from file names and sizes alone. Until that is done the tier is
-  ``loading``: LOOKUP and GET still find chunks on disk by looking at the path the key maps to.
+* At start the index is rebuilt from the files: only regular files whose header checks out are
+  indexed (:func:`diskio.scan`). Until that is done the tier is ``loading``: LOOKUP and GET still
+  find chunks on disk by checking the file the key maps to. No link under the root is followed.
 """
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import logging
 import os
-import shutil
+import queue
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from infera.errors import KvdError
 from infera.kvd import chunkfile as cf
 from infera.kvd.store import LONG, Chunk
 from infera.kvd.tiers import diskio
+from infera.kvd.tiers.diskio import WriteJob
 from infera.kvd.tiers.diskread import Reads
+from infera.kvd.tiers.writeretry import Retries
 
 if TYPE_CHECKING:
     from infera.kvd.config import DaemonConfig
@@ -44,21 +48,7 @@ READERS = 4
 MERGE_BATCH = 4096
 BACKLOG_MAX = 65536
 SECOND_CHANCES = 64  # files spared per eviction pass because their chunk is in RAM
-
-
-class WriteJob:
-    __slots__ = ("cancelled", "chunk", "digest", "fkey", "ns_text", "path", "size", "skipped", "unlinks")
-
-    def __init__(self, chunk: Chunk, fkey: bytes, digest: bytes, ns_text: str) -> None:
-        self.chunk = chunk
-        self.fkey = fkey
-        self.digest = digest
-        self.ns_text = ns_text
-        self.path = ""  # computed by the writer thread, off the loop
-        self.size = cf.HEADER_SIZE + chunk.length
-        self.cancelled = False
-        self.skipped = False
-        self.unlinks: list[str] = []
+STOP_BUDGET_S = 10.0  # a clean stop's last attempt at unwritten chunks (INFERA_KVD_DISK_STOP_S)
 
 
 class DiskTier:
@@ -77,7 +67,7 @@ class DiskTier:
         self.queue_max = max(1, cfg.long_write_queue)
         self.pin_max = server.arena.capacity // 2
         self._arena = server.arena.view
-        self._lock_fd = self._open_root()
+        self.root_fd, self._lock_fd = diskio.open_tree(self.root)
         self.index: OrderedDict[bytes, int] = OrderedDict()  # fkey -> file size, LRU first
         self.bytes_used = 0
         self.reserved = 0  # bytes of queued writes, counted against capacity before they land
@@ -87,7 +77,9 @@ class DiskTier:
         self._ns_by_prefix: dict[bytes, int] = {}
         self._writes: dict[bytes, WriteJob] = {}  # newest queued write per fkey
         self._backlog: OrderedDict[bytes, None] = OrderedDict()  # ikeys of unwritten long chunks
-        self._dirs: set[str] = set()
+        self.retries = Retries(float(os.environ.get("INFERA_KVD_DISK_RETRY_S", "0")) or 1.0)
+        self._done: queue.SimpleQueue[tuple[WriteJob, OSError | None]] = queue.SimpleQueue()
+        self._stop_by = 0.0  # set by close(): writes not started by then are skipped
         self._failing: dict[str, str] = {}  # condition -> first message, logged once
         self._deleted_while_loading: set[bytes] = set()
         self._young_temps: list[str] = []
@@ -112,12 +104,16 @@ class DiskTier:
                 "prewarmed",
                 "promotion_no_room",
                 "files_other_version",
+                "files_ignored",
                 "quarantined",
                 "stale_temp_removed",
+                "write_retries",
+                "recovered_writes",
             ),
             0,
         )
         self.store.c.setdefault("corrupt_chunks_total", 0)
+        self.store.c.setdefault("long_unpersisted_evicted_total", 0)
         self.store.on_seal = self._on_seal
         self.store.on_drop = self._on_drop
         writers = int(os.environ.get("INFERA_KVD_DISK_WRITERS", "0")) or cfg.long_writers
@@ -126,41 +122,7 @@ class DiskTier:
         self._load_started = time.monotonic()
         # the scan starts once the loop runs, so it never delays the daemon's first answer
         server.call_soon(threading.Thread(target=self._load, name="kvd-disk-load", daemon=True).start)
-        self._check_space()
-
-    # -- setup ------------------------------------------------------------------------------
-    def _open_root(self) -> int:
-        try:
-            os.makedirs(os.path.join(self.root, cf.VERSION_DIR), exist_ok=True)
-            fd = os.open(os.path.join(self.root, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise KvdError(
-                f"--long-path {self.root}: {exc.strerror}",
-                hint="give a directory this user can create and write",
-            ) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise KvdError(
-                f"--long-path {self.root} is in use by another kvd daemon",
-                hint="each daemon needs its own --long-path",
-            ) from None
-        return fd
-
-    def _check_space(self) -> None:
-        try:
-            free = shutil.disk_usage(self.root).free
-        except OSError:
-            return
-        if free < self.capacity:
-            log.warning(
-                "the filesystem of %s has %d bytes free, less than --long-bytes %d: writes will fail "
-                "with ENOSPC before the tier is full (counted in failed_writes)",
-                self.root,
-                free,
-                self.capacity,
-            )
+        diskio.check_space(self.root, self.capacity)
 
     # -- keys -------------------------------------------------------------------------------
     def ns_of(self, ikey: bytes) -> tuple[bytes, bytes, str]:
@@ -213,11 +175,16 @@ class DiskTier:
         self.index_load_s = round(time.monotonic() - self._load_started, 3)
         self._deleted_while_loading.clear()
         self.c["files_other_version"] += result.other_version
+        self.c["files_ignored"] += result.ignored
         self.c["quarantined"] += result.quarantined
         self.c["stale_temp_removed"] += result.stale_temps
         self._young_temps = result.young_temps
         for problem in result.unreadable:
             self.fail("scan", f"cannot read {problem}")
+        for what, outcome in result.corrupt:
+            self.reads.corrupt(what, outcome)
+        if result.ignored:
+            log.warning("disk tier: %d links, directories or FIFOs under chunk names ignored", result.ignored)
         self._make_room(0)
         log.info(
             "disk tier %s: %d chunk files, %d bytes of %d, indexed in %.3fs%s",
@@ -255,7 +222,7 @@ class DiskTier:
             self.bytes_used -= size
 
     def _unlink(self, fkey: bytes) -> None:
-        self._writers.submit(("unlink", diskio.file_path(self.root, fkey)), lane=hash(fkey))
+        self._writers.submit(("unlink", fkey), lane=hash(fkey))
 
     # -- writes -----------------------------------------------------------------------------
     def _on_seal(self, chunk: Chunk) -> None:
@@ -267,10 +234,12 @@ class DiskTier:
                 self._backlog[chunk.ikey] = None
 
     def _on_drop(self, chunk: Chunk, reason: str) -> None:
+        self.retries.drop(chunk.ikey)
         if reason == "evicted" and chunk.retention == LONG and not chunk.on_long:
-            self.c["evicted_unwritten"] += 1
+            self.c["evicted_unwritten"] += 1  # data loss: the only copy is gone
+            self.store.c["long_unpersisted_evicted_total"] += 1
 
-    def _enqueue_write(self, chunk: Chunk) -> bool:
+    def _enqueue_write(self, chunk: Chunk, retry: bool = False) -> bool:
         """Queue a write-through of ``chunk``; False when the queue is full (nothing pinned)."""
         size = cf.HEADER_SIZE + chunk.length
         if size > self.capacity:
@@ -281,7 +250,7 @@ class DiskTier:
         digest, prefix, text = self.ns_of(chunk.ikey)
         fkey = prefix + chunk.key
         self._make_room(size)
-        job = WriteJob(chunk, fkey, digest, text)
+        job = WriteJob(chunk, fkey, digest, text, retry)
         chunk.pins += 1
         self.pinned += chunk.length
         self.reserved += size
@@ -297,41 +266,29 @@ class DiskTier:
         kind, arg = item
         if kind == "unlink":
             try:
-                os.unlink(arg)
-            except FileNotFoundError:
-                pass
+                diskio.unlink_chunk(self.root_fd, arg)
             except OSError as exc:
+                why = f"unlink {diskio.file_path(self.root, arg)}: {exc}"
                 self.server.call_soon(
-                    functools.partial(self.fail, "unlink-" + diskio.classify_os_error(exc), f"unlink: {exc}")
+                    functools.partial(self.fail, "unlink-" + diskio.classify_os_error(exc), why)
                 )
             return
         job: WriteJob = arg
-        job.path = diskio.file_path(self.root, job.fkey)
-        chunk = job.chunk
-        err: OSError | None = None
         if self._test_write_delay:
             time.sleep(self._test_write_delay)
-        if job.cancelled or chunk.zombie:
-            job.skipped = True
-        else:
-            view = self._arena[chunk.offset : chunk.offset + chunk.length]
+        stopped = self._stop_by and time.monotonic() > self._stop_by
+        err = None if stopped else diskio.write_job(job, self._arena, self.root_fd, self.sync)
+        job.skipped |= bool(stopped)
+        self._done.put((job, err))  # in a queue, so that close() finds what the loop did not see
+        self.server.call_soon(self._drain_done)
+
+    def _drain_done(self) -> None:
+        while True:
             try:
-                header = cf.make_header(job.digest, chunk.key, view, namespace_text=job.ns_text)
-                d = os.path.dirname(job.path)
-                if d not in self._dirs:
-                    cf.ensure_dir(self.root, job.digest, chunk.key, job.ns_text)
-                    self._dirs.add(d)
-                try:
-                    cf.write_file(job.path, header.pack(), view, sync=self.sync)
-                except FileNotFoundError:  # directory removed behind our back
-                    self._dirs.discard(d)
-                    cf.ensure_dir(self.root, job.digest, chunk.key, job.ns_text)
-                    cf.write_file(job.path, header.pack(), view, sync=self.sync)
-            except OSError as exc:
-                err = exc
-            finally:
-                view.release()
-        self.server.call_soon(lambda: self._write_done(job, err))
+                job, err = self._done.get_nowait()
+            except queue.Empty:
+                return
+            self._write_done(job, err)
 
     def _write_done(self, job: WriteJob, err: OSError | None) -> None:
         chunk = job.chunk
@@ -341,20 +298,43 @@ class DiskTier:
         self.queued -= 1
         if self._writes.get(job.fkey) is job:
             del self._writes[job.fkey]
+        live = not chunk.zombie and self.store.index.get(chunk.ikey) is chunk
         if err is not None:
             self.c["failed_writes"] += 1
-            self.fail("write-" + diskio.classify_os_error(err), f"writing {job.path}: {err.strerror or err}")
+            where = diskio.file_path(self.root, job.fkey)
+            self.fail("write-" + diskio.classify_os_error(err), f"writing {where}: {diskio.describe(err)}")
+            if live and not chunk.on_long and not job.cancelled:
+                self.retries.failed(chunk.ikey, job.retry)  # still only in RAM: try again later
+            else:
+                self.retries.skipped(chunk.ikey, job.retry)
         elif not job.skipped and not job.cancelled:
             self.forget(job.fkey)
             self.index[job.fkey] = job.size
             self.bytes_used += job.size
             self.c["bytes_written"] += job.size
             self.c["files_written"] += 1
+            if self.retries.succeeded(chunk.ikey, job.retry):
+                self.c["recovered_writes"] += 1
             if not chunk.zombie:
                 chunk.on_long = True
             self._recovered()
             self._make_room(0)
+        else:
+            self.retries.skipped(chunk.ikey, job.retry)
         self._drain_backlog()
+        self._retry_due()
+
+    def _retry_due(self) -> None:
+        if self._stop_by:
+            return
+        for ikey in self.retries.due():
+            chunk = self.store.index.get(ikey)
+            if chunk is None or chunk.on_long or chunk.retention != LONG or self.fkey(ikey) in self._writes:
+                self.retries.skipped(ikey, True)
+            elif self._enqueue_write(chunk, retry=True):
+                self.c["write_retries"] += 1
+            else:
+                self.retries.later(ikey)
 
     def _drain_backlog(self) -> None:
         while self._backlog and self.queued < self.queue_max:
@@ -393,16 +373,16 @@ class DiskTier:
         return self.loading and self.probe(fkey) is not None
 
     def probe(self, fkey: bytes) -> int | None:
-        """While the index loads, look at the file itself (one stat) and index it if present."""
+        """While the index loads, check the file itself (its header, never through a link) and
+        index it if it is a usable chunk file."""
         if fkey in self._deleted_while_loading:
             return None
-        try:
-            size = os.stat(diskio.file_path(self.root, fkey)).st_size
-        except OSError:
+        v = diskio.check_chunk(self.root_fd, fkey)
+        if v.kind != diskio.OK:
             return None
-        self.index[fkey] = size
-        self.bytes_used += size
-        return size
+        self.index[fkey] = v.size
+        self.bytes_used += v.size
+        return v.size
 
     def promote(self, ikey: bytes) -> Chunk | None:
         """Called by GET for a key neither RAM nor a finished read could serve: a long-tier miss."""
@@ -422,18 +402,19 @@ class DiskTier:
 
     # -- files written by clients (GPU-direct) ------------------------------------------------
     def adopt(self, ikeys: list[bytes], lengths: list[int]) -> int:
-        """Index chunk files a client wrote under our root (one stat each, on the loop)."""
+        """Index chunk files a client wrote under our root (a header check each, on the loop:
+        the header was just written, so it is in the page cache). A key whose file is missing or
+        unusable is written through from RAM if RAM holds it."""
         n = 0
         for ikey, length in zip(ikeys, lengths, strict=True):
             fkey = self.fkey(ikey)
-            try:
-                size = os.stat(diskio.file_path(self.root, fkey)).st_size
-            except OSError:
+            v = diskio.check_chunk(self.root_fd, fkey)
+            if v.kind != diskio.OK or v.size != cf.HEADER_SIZE + length:
                 self.c["adopt_missing"] = self.c.get("adopt_missing", 0) + 1
+                self.c["files_ignored"] += v.kind == diskio.IGNORED
+                self.write_through([ikey])
                 continue
-            if size != cf.HEADER_SIZE + length:
-                self.c["adopt_missing"] = self.c.get("adopt_missing", 0) + 1
-                continue
+            size = v.size
             job = self._writes.pop(fkey, None)
             if job is not None:
                 job.cancelled = True
@@ -484,19 +465,10 @@ class DiskTier:
     # -- housekeeping -----------------------------------------------------------------------
     def tick(self) -> None:
         if self._young_temps:
-            now = time.time()
-            keep = []
-            for path in self._young_temps:
-                try:
-                    if now - os.stat(path).st_mtime >= diskio.STALE_TEMP_S:
-                        os.unlink(path)
-                        self.c["stale_temp_removed"] += 1
-                    else:
-                        keep.append(path)
-                except OSError:
-                    pass
-            self._young_temps = keep
+            self._young_temps, removed = diskio.sweep_young(self.root_fd, self.root, self._young_temps)
+            self.c["stale_temp_removed"] += removed
         self._drain_backlog()
+        self._retry_due()
 
     @property
     def state(self) -> str:
@@ -516,6 +488,7 @@ class DiskTier:
             "capacity": self.capacity,
             "queued_writes": self.queued,
             "backlog": len(self._backlog),
+            "unpersisted": len(self.retries),
             "reads_in_flight": self.reads.inflight,
             "index_load_s": self.index_load_s,
             "last_error": self.last_error,
@@ -524,17 +497,38 @@ class DiskTier:
         }
 
     def close(self) -> None:
-        """Write what is queued or backlogged (bounded wait), then stop every thread before the
-        arena goes: a clean stop (SIGTERM) persists every ``long`` chunk still in RAM."""
-        self.queue_max = self.pin_max = 1 << 62  # the loop is gone: write the whole backlog now
-        self._drain_backlog()
-        if not self._writers.close(timeout=15.0):
+        """A clean stop (SIGTERM): a last attempt at every ``long`` chunk in RAM not yet on disk
+        (queued, backlogged, or whose write failed), within ``INFERA_KVD_DISK_STOP_S`` (10 s),
+        logging how many remain unwritten; then every thread stops before the arena goes."""
+        budget = float(os.environ.get("INFERA_KVD_DISK_STOP_S", "0")) or STOP_BUDGET_S
+        self._stop_by = time.monotonic() + budget
+        self.queue_max = self.pin_max = 1 << 62  # the loop is gone: queue everything now
+        self._backlog.clear()
+        todo = [c for c in self.store.index.values() if c.retention == LONG and not c.on_long]
+        for chunk in todo:
+            if self.fkey(chunk.ikey) not in self._writes:
+                self._enqueue_write(chunk)
+        while self.queued > 0 and time.monotonic() < self._stop_by:  # the loop's part, here
+            try:
+                job, err = self._done.get(timeout=max(0.0, self._stop_by - time.monotonic()))
+            except queue.Empty:
+                break
+            self._write_done(job, err)
+        left = [c for c in todo if not c.on_long and not c.zombie]
+        (log.warning if left else log.info)(
+            "disk tier: clean stop: %d long chunks written, %d not written%s",
+            len(todo) - len(left),
+            len(left),
+            f" (lost: {self.last_error or 'out of time'})" if left else "",
+        )
+        if not self._writers.close(timeout=max(0.5, self._stop_by - time.monotonic())):
             log.warning("disk tier: writes still running at shutdown; their chunks may be missing")
         self.reads.close(timeout=5.0)
-        try:
-            os.close(self._lock_fd)
-        except OSError:
-            pass
+        for fd in (self._lock_fd, self.root_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 __all__ = ["DiskTier"]

@@ -159,15 +159,18 @@ class Reads:
                     "disk tier: %s does not support O_DIRECT; reading through the page cache", self.t.root
                 )
                 cf.read_into(job.path, view, length=chunk.length, digest=job.digest, key=key)
-            os.utime(job.path)  # recency survives a restart: the index is rebuilt in mtime order
+            # recency survives a restart: the index is rebuilt in mtime order
+            os.utime(job.path, follow_symlinks=False)
         except FileNotFoundError:
             outcome = "missing"
+        except cf.NotRegular as exc:  # a link, FIFO or directory put there since it was indexed
+            outcome, detail = "ignored", str(exc)
         except cf.SizeChanged as exc:
             outcome, detail = "size", exc.size
         except cf.OtherVersion as exc:
             outcome, detail = "other", str(exc)
         except cf.CorruptChunk as exc:
-            outcome, detail = "corrupt", (str(exc), diskio.quarantine(self.t.root, job.path))
+            outcome, detail = "corrupt", (str(exc), diskio.quarantine(self.t.root_fd, job.fkey))
         except OSError as exc:
             outcome, detail = "error", exc
         finally:
@@ -196,6 +199,9 @@ class Reads:
         t = self.t
         if outcome == "missing":
             t.forget(job.fkey)
+        elif outcome == "ignored":
+            t.forget(job.fkey)
+            t.c["files_ignored"] += 1
         elif outcome == "size":
             if job.fkey in t.index:
                 t.bytes_used += detail - t.index[job.fkey]
@@ -206,21 +212,21 @@ class Reads:
         elif outcome == "corrupt":
             t.forget(job.fkey)
             why, where = detail
-            t.c["corrupt_chunks"] += 1
-            self.store.c["corrupt_chunks_total"] = self.store.c.get("corrupt_chunks_total", 0) + 1
             if where:
                 t.c["quarantined"] += 1
-            t.last_error = f"corrupt chunk {job.path}: {why}"
-            if t.c["corrupt_chunks"] <= CORRUPT_LOG_MAX:
-                log.warning(
-                    "disk tier: corrupt chunk %s (%s), served as a miss%s",
-                    job.path,
-                    why,
-                    f"; moved to {where}" if where else "",
-                )
+            self.corrupt(f"{job.path}: {why}", "served as a miss" + (f"; moved to {where}" if where else ""))
         elif outcome == "error":
             t.c["failed_reads"] += 1
             t.fail("read-" + diskio.classify_os_error(detail), f"reading {job.path}: {detail.strerror}")
+
+    def corrupt(self, what: str, outcome: str) -> None:
+        """Account one corrupt chunk file, read back or found by the scan at start."""
+        t = self.t
+        t.c["corrupt_chunks"] += 1
+        self.store.c["corrupt_chunks_total"] = self.store.c.get("corrupt_chunks_total", 0) + 1
+        t.last_error = f"corrupt chunk {what}"
+        if t.c["corrupt_chunks"] <= CORRUPT_LOG_MAX:
+            log.warning("disk tier: corrupt chunk %s, %s", what, outcome)
 
     def _finish(self, job: ReadJob, ok: bool) -> None:
         if self.jobs.get(job.ikey) is job:
