@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infera.errors import UsageError
-from infera.kvd.sizes import parse_duration, parse_size
+from infera.units import parse_duration, parse_size
 
 LONG_BACKENDS = ("disk", "mooncake", "lmcache")
 MIN_ARENA = 1 << 20
