@@ -146,8 +146,3 @@ class Arena:
         self.view.release()
         self.map.close()
         os.close(self.fd)
-
-
-def map_arena(fd: int, size: int) -> mmap.mmap:
-    """Map an arena received from the daemon (client side)."""
-    return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)

@@ -7,10 +7,17 @@ fields or ``error`` (a code from :data:`ERROR_CODES`) and ``message``. A request
 
 Payload bytes never travel on the socket: they live in the shared-memory arena, whose file
 descriptor the daemon passes at HELLO with SCM_RIGHTS. The full description is docs/protocol.md.
+
+This module is part of the contract layer (docs/design.md, "Layers"): the daemon, the client, the
+connector and every tool import it, so it imports nothing of ours. Besides the framing it holds the
+two other facts both ends of the socket must agree on: where the socket is by default
+(:func:`default_socket_path`) and how a client maps the arena it receives (:func:`map_arena`).
 """
 
 from __future__ import annotations
 
+import mmap
+import os
 import struct
 from typing import Any
 
@@ -111,3 +118,19 @@ def check_key(key: Any) -> bytes:
     if not 1 <= len(key) <= MAX_KEY_LEN:
         raise ValueError(f"key must be 1 to {MAX_KEY_LEN} bytes long (got {len(key)})")
     return bytes(key)
+
+
+def default_socket_path() -> str:
+    """``$INFERA_KVD_SOCKET``, else ``$XDG_RUNTIME_DIR/infera-kvd.sock``, else a per-user /tmp path."""
+    env = os.environ.get("INFERA_KVD_SOCKET")
+    if env:
+        return env
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return os.path.join(runtime, "infera-kvd.sock")
+    return f"/tmp/infera-kvd-{os.getuid()}/kvd.sock"
+
+
+def map_arena(fd: int, size: int) -> mmap.mmap:
+    """Map the arena whose descriptor arrived with the HELLO reply (client side, read and write)."""
+    return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
