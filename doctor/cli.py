@@ -51,7 +51,7 @@ def doctor(
     list_checks: bool = typer.Option(False, "--list-checks", help="List the checks and exit."),
 ) -> None:
     """Check this host (or a container, saying what it cannot know) before turning on kvd."""
-    from infera.cli import run_guarded
+    from infera.clikit import run_guarded
 
     def _go() -> int:
         import json

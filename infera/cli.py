@@ -11,7 +11,7 @@ import sys
 import typer
 
 from infera import __version__
-from infera.clikit import fail, run_guarded
+from infera.clikit import report
 from infera.errors import KvdError
 
 app = typer.Typer(
@@ -56,7 +56,7 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["app", "fail", "main", "run_guarded"]
+__all__ = ["app", "main"]
 
 
 def main() -> None:
@@ -64,10 +64,7 @@ def main() -> None:
     try:
         app()
     except KvdError as err:  # raised outside a guarded command
-        print(f"error: {err.message}", file=sys.stderr)
-        if err.hint:
-            print(f"hint: {err.hint}", file=sys.stderr)
-        sys.exit(err.exit_code)
+        sys.exit(report(err))
 
 
 if __name__ == "__main__":

@@ -10,12 +10,17 @@ import typer
 from infera.errors import KvdError
 
 
-def fail(err: KvdError) -> None:
-    """Print a KvdError as one line (plus its hint) on stderr and exit with its status."""
+def report(err: KvdError) -> int:
+    """Print a KvdError as one line (plus its hint) on stderr; return the exit status it asks for."""
     typer.echo(f"error: {err.message}", err=True)
     if err.hint:
         typer.echo(f"hint: {err.hint}", err=True)
-    raise typer.Exit(err.exit_code)
+    return err.exit_code
+
+
+def fail(err: KvdError) -> None:
+    """Print a KvdError as :func:`report` does and exit the command with its status."""
+    raise typer.Exit(report(err))
 
 
 def run_guarded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

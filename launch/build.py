@@ -12,10 +12,10 @@ import re
 from dataclasses import dataclass, field
 
 from infera.errors import UsageError
-from infera.kvd.sizes import parse_size
 from infera.launch import ktc
 from infera.launch.model import KTC_FLAG, Daemon, Deployment, Leg, ktc_json
 from infera.launch.spec import DAEMON_MODULE, ENGINE_MODULE
+from infera.units import parse_size
 
 DEFAULT_SOCKET = "/var/run/infera-kvd.sock"
 LONG_BACKENDS = ("disk", "mooncake", "lmcache")

@@ -1,8 +1,9 @@
 """INFERA_KVD_CHUNK_TOKENS: leave it at auto; never let engines of one model disagree.
 
 A chunk's key covers its tokens, so engines (or runs) with different chunk sizes never hit each
-other's chunks. Small fixed values make every chunk overhead-bound: auto sizes chunks to at least
-128 MiB, where GPU-direct's fan-out pays off.
+other's chunks. With GPU-direct reads on, small fixed values make every chunk overhead-bound: auto
+sizes those chunks to at least 128 MiB, where GPU-direct's fan-out pays off. What counts as invalid
+or small is :func:`infera.keyrules.chunk_setting`, the same verdict ``kvd lint`` gives (KVD303, KVD408).
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ from infera.doctor.facts.daemon import client_label, daemon, engine_clients
 from infera.doctor.facts.engines import scan
 from infera.doctor.model import CheckResult, Evidence, Status, skip, worst
 from infera.doctor.registry import check
+from infera.keyrules import AIS_ENV, CHUNK_TOKENS_ENV, ROOTS_ENV, ChunkSetting, chunk_setting
 
-ENV = "INFERA_KVD_CHUNK_TOKENS"
-#: Below this many tokens a fixed chunk is small for any common model (KV of 32-320 KiB per token).
-SMALL = 512
+ENV = CHUNK_TOKENS_ENV
 
 
 @check("chunk-tokens", "INFERA_KVD_CHUNK_TOKENS", "engines", order=20)
@@ -35,22 +35,17 @@ def chunk_tokens(ctx: Context) -> CheckResult:
         ev.append(
             Evidence(
                 f"process {eng.pid}",
-                f"{ENV}={raw}" + (f", model {eng.model}" if eng.model else ""),
+                f"{ENV}={raw}"
+                + (f", {AIS_ENV}={eng.ais}" if eng.ais else "")
+                + (f", model {eng.model}" if eng.model else ""),
                 "process",
             )
         )
-        if raw != "auto":
-            if not raw.isdigit() or int(raw) <= 0:
-                findings.append(
-                    (
-                        Status.FAIL,
-                        f"{eng.label}: {ENV}={eng.chunk_tokens!r} is neither auto nor a positive number",
-                    )
-                )
-                fixes.append(f"unset {ENV} (auto) or give a positive token count")
-                continue
-            _judge_fixed(int(raw), eng.label, findings, fixes)
-        by_model[eng.model or "?"][raw].append(eng.label)
+        setting = _judge(eng.chunk_tokens, eng.ais, eng.hipfile_roots, eng.label, findings, fixes)
+        if setting.error is None:
+            by_model[eng.model or "?"]["auto" if setting.tokens is None else str(setting.tokens)].append(
+                eng.label
+            )
 
     view = daemon(ctx)
     clients = engine_clients(view.stats) if view.stats else []
@@ -82,9 +77,7 @@ def chunk_tokens(ctx: Context) -> CheckResult:
         own = ctx.environ.get(ENV)
         if own:
             ev.append(Evidence(f"env {ENV}", own, "env"))
-            raw = own.strip().lower()
-            if raw.isdigit():
-                _judge_fixed(int(raw), "this shell", findings, fixes)
+            _judge(own, ctx.environ.get(AIS_ENV), ctx.environ.get(ROOTS_ENV), "this shell", findings, fixes)
         if not findings:
             return skip("no running engine or daemon client to compare", ev)
     status = worst((s for s, _ in findings), Status.OK)
@@ -95,12 +88,20 @@ def chunk_tokens(ctx: Context) -> CheckResult:
     return CheckResult(status, "; ".join(problems), ev, fix="; ".join(dict.fromkeys(fixes)) or None)
 
 
-def _judge_fixed(n: int, who: str, findings: list[tuple[Status, str]], fixes: list[str]) -> None:
-    if n < SMALL:
-        findings.append(
-            (
-                Status.WARN,
-                f"{who}: {ENV}={n} is small: each chunk is overhead-bound and reloads can lose to recompute",
-            )
-        )
-        fixes.append(f"unset {ENV} (auto sizes chunks to 128 MiB or more)")
+def _judge(
+    text: str | None,
+    ais: str | None,
+    roots: str | None,
+    who: str,
+    findings: list[tuple[Status, str]],
+    fixes: list[str],
+) -> ChunkSetting:
+    """Add what :func:`infera.keyrules.chunk_setting` says of one process's settings."""
+    setting = chunk_setting(text, ais, roots)
+    if setting.error is not None:
+        findings.append((Status.FAIL, f"{who}: {ENV}={text!r} is neither auto nor a positive number"))
+        fixes.append(f"unset {ENV} (auto) or give a positive token count")
+    elif setting.small is not None:
+        findings.append((Status.WARN, f"{who}: {ENV}={setting.tokens} is small: {setting.small}"))
+        fixes.append(f"unset {ENV} (auto sizes GPU-direct chunks to 128 MiB or more)")
+    return setting

@@ -15,7 +15,7 @@ from infera.doctor.facts.daemon import daemon as daemon_view
 from infera.doctor.facts.daemon import engine_clients
 from infera.doctor.model import CheckResult, Evidence, Status, fail, skip, warn, worst
 from infera.doctor.registry import check
-from infera.kvd.sizes import format_size
+from infera.units import format_size
 
 COUNTERS = ("sets_total", "gets_total", "hits_total", "misses_total", "evictions_total", "expired_total")
 

@@ -9,7 +9,7 @@ from infera.doctor.context import Context
 from infera.doctor.facts.pci import inventory
 from infera.doctor.model import CheckResult, Evidence, Status, ok, worst
 from infera.doctor.registry import check
-from infera.kvd.sizes import format_size
+from infera.units import format_size
 
 
 @check("gpu", "GPU: large-BAR dGPU, not SR-IOV, not APU", "platform", order=20)

@@ -3,6 +3,8 @@
 Two sources: the running engine processes (their PYTHONHASHSEED, hash algorithm and vLLM version)
 and what connected engines declared to the daemon (hash fingerprint per model). The rule changed
 in vLLM 0.29: an unset seed is random per process before, a fixed value from then on (sha256).
+The seed rule and the fingerprint grouping are :mod:`infera.keyrules`, shared with the connector, the
+daemon's STATS warning and ``kvd lint`` (KVD301).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from infera.doctor.facts.engines import describe_settings, effective_seed, local
 from infera.doctor.facts.versions import parse_version
 from infera.doctor.model import CheckResult, Evidence, Status, skip, worst
 from infera.doctor.registry import check
+from infera.keyrules import fingerprint_conflicts
 
 RULE = (
     "set the same PYTHONHASHSEED on every engine (prefill and decode legs included), or leave it unset on "
@@ -63,7 +66,6 @@ def hash_settings(ctx: Context) -> CheckResult:
 
     view = daemon(ctx)
     clients = engine_clients(view.stats) if view.stats else []
-    by_model: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for c in clients:
         fp = c.get("hash_fingerprint") or ""
         ev.append(
@@ -74,14 +76,11 @@ def hash_settings(ctx: Context) -> CheckResult:
                 "daemon",
             )
         )
-        if fp:
-            by_model[c.get("model") or "?"][fp].append(client_label(c))
-    for model, fps in sorted(by_model.items()):
-        if len(fps) > 1:
-            parts = "; ".join(f"{fp}: {', '.join(who)}" for fp, who in sorted(fps.items()))
-            findings.append(
-                (Status.FAIL, f"daemon clients of model {model} declare different hash settings ({parts})")
-            )
+    for model, fps in fingerprint_conflicts(clients):
+        parts = "; ".join(f"{fp}: {', '.join(client_label(c) for c in who)}" for fp, who in fps.items())
+        findings.append(
+            (Status.FAIL, f"daemon clients of model {model} declare different hash settings ({parts})")
+        )
     for w in (view.stats or {}).get("warnings", []):
         ev.append(Evidence(f"daemon {view.socket}", f"warning: {w}", "daemon"))
 

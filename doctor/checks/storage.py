@@ -25,7 +25,7 @@ from infera.doctor.facts.storage import (
 )
 from infera.doctor.model import CheckResult, Evidence, Status, skip, unknown, worst
 from infera.doctor.registry import check
-from infera.kvd.sizes import format_size
+from infera.units import format_size
 
 MD_FASTPATH_LEVELS = ("linear", "raid0", "raid1", "raid10")
 VERIFY_MD = (

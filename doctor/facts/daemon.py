@@ -33,7 +33,7 @@ def daemon(ctx: Context) -> DaemonView:
 
 def _daemon(ctx: Context) -> DaemonView:
     from infera.kvd.client import KvdClient, KvdClientError
-    from infera.kvd.config import default_socket_path
+    from infera.kvd.protocol import default_socket_path
 
     opts = ctx.options
     sock = opts.socket

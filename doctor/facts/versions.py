@@ -4,12 +4,17 @@ None of these are SemVer: the loaded module may say ``6.16.6`` or ``6.19.14.3140
 driver 31.40 the fourth field encodes the package), DKMS versions carry a build number after the
 dash, and one module version (6.16.6) is shipped by two packages (30.20.0 and 30.20.1), so the
 minimum for AIS can only be judged on the build or package, not on the module string alone.
+The leading dotted integers are read by :func:`infera.versions.parse_version`, the one version parser.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from infera.versions import Version as Version
+from infera.versions import parse_version as parse_version
+from infera.versions import vstr as vstr
 
 #: First module version that brings AIS up (product doc; measured there).
 AIS_MIN_MODULE = (6, 16, 6)
@@ -33,22 +38,6 @@ KNOWN_BUILDS: dict[int, str] = {
     2341068: "30.30.4",
     2364437: "31.40.0",
 }
-
-Version = tuple[int, ...]
-
-
-def parse_version(text: str | None) -> Version | None:
-    """Leading dotted integers: ``"6.16.13-2278356.24.04"`` -> ``(6, 16, 13)``; None when there are none."""
-    if not text:
-        return None
-    m = re.match(r"\s*v?(\d+(?:\.\d+)*)", text)
-    if not m:
-        return None
-    return tuple(int(x) for x in m.group(1).split("."))
-
-
-def vstr(v: Version | None) -> str:
-    return ".".join(str(x) for x in v) if v else "?"
 
 
 def decode_package_code(code: int) -> Version | None:

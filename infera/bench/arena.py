@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from infera.bench.common import machine_line, median_us, rss_anon_bytes, temp_daemon
-from infera.kvd.sizes import format_size, parse_size
+from infera.units import format_size, parse_size
 
 
 def _memcpy_gbps(size: int, rounds: int) -> float:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from infera.bench.compare_ttft import PEER_ROWS
-from infera.kvd.sizes import format_size
+from infera.units import format_size
 
 STORE_LABELS = {
     "kvd": "kvd (daemon arena, Unix socket)",

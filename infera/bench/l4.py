@@ -38,7 +38,7 @@ from typing import Any
 
 from infera.bench.common import machine_line, temp_daemon
 from infera.errors import KvdError
-from infera.kvd.sizes import format_size, parse_size
+from infera.units import format_size, parse_size
 
 THREADS = 2  # the daemon's writer lanes and reader threads
 

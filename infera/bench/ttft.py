@@ -83,7 +83,7 @@ def run_ttft_bench(
     json_out: bool = False,
 ) -> dict[str, Any]:
     from infera.bench.common import temp_daemon
-    from infera.kvd.sizes import format_size
+    from infera.units import format_size
 
     python = python or sys.executable
     try:

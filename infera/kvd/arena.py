@@ -19,13 +19,13 @@ import fcntl
 import logging
 import mmap
 import os
-import stat
 import threading
 import time
 
+from infera.kvd.protocol import SIZE_SEALS
+
 ALIGN = 4096
 MADV_POPULATE_WRITE = 23
-SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW  # what a client requires of a received arena
 ARENA_SEALS = SIZE_SEALS | fcntl.F_SEAL_SEAL  # and no further seal (e.g. F_SEAL_FUTURE_WRITE) either
 log = logging.getLogger("infera.kvd")
 
@@ -162,38 +162,3 @@ class Arena:
         self.view.release()
         self.map.close()
         os.close(self.fd)
-
-
-class ArenaFdError(Exception):
-    """A received arena descriptor is unusable (the client turns this into its own error type)."""
-
-
-def check_arena_fd(fd: int, size: int) -> None:
-    """Check a received arena before mapping it: a memfd whose size is sealed, at least ``size``
-    bytes long. An unsealed one could be shrunk under us (SIGBUS on the next access); only a
-    fake or outdated daemon sends one. One fstat and one fcntl."""
-    try:
-        st = os.fstat(fd)
-    except OSError as exc:
-        raise ArenaFdError(f"cannot stat it: {exc.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ArenaFdError("it is not a memory file")
-    try:
-        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-    except OSError:
-        raise ArenaFdError("it is not a sealable memfd (its size could change under this client)") from None
-    if seals & SIZE_SEALS != SIZE_SEALS:
-        raise ArenaFdError("its size is not sealed (anyone holding it could shrink it under this client)")
-    if st.st_size < size:
-        raise ArenaFdError(f"it holds {st.st_size} bytes, fewer than the {size} announced")
-
-
-def map_arena(fd: int, size: int) -> mmap.mmap:
-    """Map an arena received from the daemon (client side); ArenaFdError if it is unusable."""
-    check_arena_fd(fd, size)
-    try:
-        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    except (OSError, ValueError, OverflowError) as exc:
-        raise ArenaFdError(
-            f"cannot map {size} bytes of it: {getattr(exc, 'strerror', None) or exc}"
-        ) from None

@@ -42,8 +42,7 @@ from typing import Any
 
 from infera.errors import KvdError
 from infera.kvd import protocol as P
-from infera.kvd.arena import ArenaFdError, map_arena
-from infera.kvd.config import default_socket_path
+from infera.kvd.protocol import ArenaFdError, default_socket_path, map_arena
 
 Buffer = bytes | bytearray | memoryview
 

@@ -7,21 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infera.errors import UsageError
-from infera.kvd.sizes import parse_duration, parse_size
+from infera.kvd.protocol import default_socket_path
+from infera.units import parse_duration, parse_size
 
 LONG_BACKENDS = ("disk", "mooncake", "lmcache")
 MIN_ARENA = 1 << 20
-
-
-def default_socket_path() -> str:
-    """``$INFERA_KVD_SOCKET``, else ``$XDG_RUNTIME_DIR/infera-kvd.sock``, else a per-user /tmp path."""
-    env = os.environ.get("INFERA_KVD_SOCKET")
-    if env:
-        return env
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isdir(runtime):
-        return os.path.join(runtime, "infera-kvd.sock")
-    return f"/tmp/infera-kvd-{os.getuid()}/kvd.sock"
 
 
 @dataclass

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from infera.errors import KvdError
-from infera.kvd.sizes import format_size, parse_size
+from infera.units import format_size, parse_size
 
 
 def chunk_key(i: int) -> bytes:

@@ -7,10 +7,19 @@ fields or ``error`` (a code from :data:`ERROR_CODES`) and ``message``. A request
 
 Payload bytes never travel on the socket: they live in the shared-memory arena, whose file
 descriptor the daemon passes at HELLO with SCM_RIGHTS. The full description is docs/protocol.md.
+
+This module is part of the contract layer (docs/design.md, "Layers"): the daemon, the client, the
+connector and every tool import it, so it imports nothing of ours. Besides the framing it holds the
+two other facts both ends of the socket must agree on: where the socket is by default
+(:func:`default_socket_path`) and how a client maps the arena it receives (:func:`map_arena`).
 """
 
 from __future__ import annotations
 
+import fcntl
+import mmap
+import os
+import stat
 import struct
 from typing import Any
 
@@ -111,3 +120,54 @@ def check_key(key: Any) -> bytes:
     if not 1 <= len(key) <= MAX_KEY_LEN:
         raise ValueError(f"key must be 1 to {MAX_KEY_LEN} bytes long (got {len(key)})")
     return bytes(key)
+
+
+def default_socket_path() -> str:
+    """``$INFERA_KVD_SOCKET``, else ``$XDG_RUNTIME_DIR/infera-kvd.sock``, else a per-user /tmp path."""
+    env = os.environ.get("INFERA_KVD_SOCKET")
+    if env:
+        return env
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return os.path.join(runtime, "infera-kvd.sock")
+    return f"/tmp/infera-kvd-{os.getuid()}/kvd.sock"
+
+
+# What a client requires of a received arena: its size sealed (the daemon seals it at creation).
+SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+
+
+class ArenaFdError(Exception):
+    """A received arena descriptor is unusable (the client turns this into its own error type)."""
+
+
+def check_arena_fd(fd: int, size: int) -> None:
+    """Check a received arena before mapping it: a memfd whose size is sealed, at least ``size``
+    bytes long. An unsealed one could be shrunk under us (SIGBUS on the next access); only a
+    fake or outdated daemon sends one. One fstat and one fcntl."""
+    try:
+        st = os.fstat(fd)
+    except OSError as exc:
+        raise ArenaFdError(f"cannot stat it: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ArenaFdError("it is not a memory file")
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:
+        raise ArenaFdError("it is not a sealable memfd (its size could change under this client)") from None
+    if seals & SIZE_SEALS != SIZE_SEALS:
+        raise ArenaFdError("its size is not sealed (anyone holding it could shrink it under this client)")
+    if st.st_size < size:
+        raise ArenaFdError(f"it holds {st.st_size} bytes, fewer than the {size} announced")
+
+
+def map_arena(fd: int, size: int) -> mmap.mmap:
+    """Map the arena whose descriptor arrived with the HELLO reply (client side, read and write);
+    ArenaFdError if it is unusable."""
+    check_arena_fd(fd, size)
+    try:
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except (OSError, ValueError, OverflowError) as exc:
+        raise ArenaFdError(
+            f"cannot map {size} bytes of it: {getattr(exc, 'strerror', None) or exc}"
+        ) from None

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from infera import __version__
+from infera.keyrules import fingerprint_conflicts
 from infera.kvd import protocol as P
 
 if TYPE_CHECKING:
@@ -58,18 +60,14 @@ def build_snapshot(server: Server) -> dict[str, Any]:
 
 def hash_warnings(clients: list[dict[str, Any]]) -> list[str]:
     """Warn when clients serving the same model declare different hash settings (their keys never meet)."""
-    by_model: dict[str, dict[str, list[str]]] = {}
-    for c in clients:
-        model = c.get("model")
-        fp = c.get("hash_fingerprint")
-        if not model or not fp:
-            continue
-        by_model.setdefault(model, {}).setdefault(fp, []).append(f"pid {c.get('pid')}")
     out = []
-    for model, fps in sorted(by_model.items()):
-        if len(fps) > 1:
-            parts = "; ".join(f"{fp}: {', '.join(pids)}" for fp, pids in sorted(fps.items()))
-            out.append(
-                f"engines of model {model} disagree on hash settings, so they never share chunks ({parts})"
-            )
+    for model, fps in fingerprint_conflicts(clients):
+        parts = "; ".join(f"{fp}: {', '.join(_pid(c) for c in who)}" for fp, who in fps.items())
+        out.append(
+            f"engines of model {model} disagree on hash settings, so they never share chunks ({parts})"
+        )
     return out
+
+
+def _pid(client: Mapping[str, Any]) -> str:
+    return f"pid {client.get('pid')}"

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from infera.kvd.sizes import format_size
+from infera.units import format_size
 
 MAIN = ("sets_total", "gets_total", "hits_total", "misses_total", "evictions_total")
 MORE = (

@@ -27,7 +27,7 @@ def top(
 def run_top(socket: str | None, interval: float) -> int:
     """Check the arguments, then run the dashboard until the user quits. Returns the exit status."""
     from infera.errors import KvdError, UsageError
-    from infera.kvd.config import default_socket_path
+    from infera.kvd.protocol import default_socket_path
 
     if not 0.1 <= interval <= 3600:
         raise UsageError(f"--interval: {interval:g} is out of range", hint="use between 0.1 and 3600 seconds")

@@ -146,7 +146,7 @@ def format_count(value: Any) -> str:
 
 
 def format_rate(value: float, is_bytes: bool) -> str:
-    from infera.kvd.sizes import format_size
+    from infera.units import format_size
 
     if is_bytes:
         return f"{format_size(value)}/s"

@@ -13,8 +13,8 @@ from typing import Any
 
 from rich.text import Text
 
-from infera.kvd.sizes import format_size
 from infera.tui.model import Sample, fill, format_count, format_duration, ratio, sort_clients
+from infera.units import format_size
 
 L4_BACKENDS = ("mooncake", "lmcache")
 STATE_STYLE = {

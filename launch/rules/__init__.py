@@ -21,8 +21,8 @@ from infera.launch.rules.registry import (
     Severity,
     lookup,
     make_finding,
-    parse_version,
 )
+from infera.versions import major_minor as parse_version
 
 __all__ = [
     "REGISTRY",

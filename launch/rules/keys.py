@@ -4,13 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from infera.keyrules import (
+    AIS_ENV,
+    CHUNK_TOKENS_ENV,
+    DEFAULT_HASH_ALGO,
+    HASH_ALGO_FLAG,
+    ROOTS_ENV,
+    SEED_ENV,
+    SMALL_GPU_DIRECT_TOKENS,
+    chunk_setting,
+    fixed_seed_release,
+    hash_seed_mode,
+    valid_python_hash_seed,
+)
 from infera.launch.model import Deployment, Leg
 from infera.launch.rules.registry import Context, Hit, Severity, rule
 
-SEED = "PYTHONHASHSEED"
-CHUNK = "INFERA_KVD_CHUNK_TOKENS"
-HASH_ALGO_FLAG = "--prefix-caching-hash-algo"
-SMALL_CHUNK_TOKENS = 1024
+SEED = SEED_ENV
+CHUNK = CHUNK_TOKENS_ENV
 
 
 def _keyed_legs(dep: Deployment) -> list[Leg]:
@@ -23,10 +34,6 @@ def _seed_state(leg: Leg) -> str | None:
     if SEED in leg.env:
         return leg.env[SEED]
     return "<unset>" if leg.env_complete else None
-
-
-def _valid_seed(value: str) -> bool:
-    return value == "random" or (value.isdigit() and int(value) <= 4294967295)
 
 
 @rule(
@@ -76,7 +83,7 @@ def hash_seed(dep: Deployment, ctx: Context) -> Iterator[Hit]:
     legs = _keyed_legs(dep)
     states = [(leg, _seed_state(leg)) for leg in legs]
     for leg, st in states:
-        if st not in (None, "<unset>") and not _valid_seed(st):
+        if st not in (None, "<unset>") and not valid_python_hash_seed(st):
             yield Hit(
                 f"PYTHONHASHSEED={st!r} on leg {leg.name!r} is not 'random' or an integer in [0, 4294967295]: "
                 "Python refuses to start",
@@ -106,20 +113,22 @@ def hash_seed(dep: Deployment, ctx: Context) -> Iterator[Hit]:
                 )
         return
     ver = ctx.vllm_version
-    xx = [leg for leg, _ in known if (leg.flag_value(HASH_ALGO_FLAG) or "").startswith("xxhash")]
+    fixed = fixed_seed_release(ver)
     for leg, _ in known:
-        if ver is not None and ver <= (0, 28):
+        algo = leg.flag_value(HASH_ALGO_FLAG) or DEFAULT_HASH_ALGO
+        mode = hash_seed_mode(None, algo, fixed)
+        if mode == "random" and ver is not None and fixed is False:
             yield Hit(
                 f"PYTHONHASHSEED is unset on leg {leg.name!r}: on vLLM {ver[0]}.{ver[1]} every process "
                 "seeds its block hashes randomly, so keys change on each restart",
                 leg.where(),
             )
-        elif leg in xx:
+        elif mode == "random":
             yield Hit(
-                f"PYTHONHASHSEED is unset on leg {leg.name!r} with xxhash block hashing: the seed is random per process",
+                f"PYTHONHASHSEED is unset on leg {leg.name!r} with {algo} block hashing: the seed is random per process",
                 leg.where_flag(HASH_ALGO_FLAG),
             )
-        elif ver is None:
+        elif mode == "unknown":
             yield Hit(
                 f"PYTHONHASHSEED is unset on leg {leg.name!r}: keys are stable only on vLLM >= 0.29 with "
                 "sha256 hashing (lint with --vllm-version to be sure)",
@@ -182,27 +191,34 @@ def hash_algo(dep: Deployment, ctx: Context) -> Iterator[Hit]:
     "KVD303",
     "chunk-tokens-fixed",
     Severity.WARNING,
-    f"INFERA_KVD_CHUNK_TOKENS is left at auto (small fixed values below {SMALL_CHUNK_TOKENS} warn).",
+    f"INFERA_KVD_CHUNK_TOKENS is not pinned below {SMALL_GPU_DIRECT_TOKENS} tokens where GPU-direct reads are on.",
     "Remove INFERA_KVD_CHUNK_TOKENS (or set it to auto) so the connector sizes chunks from the model.",
 )
 def chunk_tokens_fixed(dep: Deployment, ctx: Context) -> Iterator[Hit]:
     """
     ## What it does
-    Warns when `INFERA_KVD_CHUNK_TOKENS` is a fixed number below 1024 tokens.
+    Warns when `INFERA_KVD_CHUNK_TOKENS` is a fixed number below 128 tokens on a leg that
+    asks for GPU-direct reads (`INFERA_KVD_AIS=1`, or `auto` with `INFERA_KVD_HIPFILE_ROOTS` set). `kvd doctor`
+    (check `chunk-tokens`) gives the same verdict on running engines: both use `infera.keyrules`.
 
     ## Why it matters
-    `auto` (the default) sizes chunks from the model's KV bytes per token: a few MiB on the RAM path,
-    and at least 128 MiB where GPU-direct reads are on, which is where the parallel file reads start to
-    pay off. A small fixed value makes every chunk overhead-bound: GPU-direct reloads then run slower
-    than recomputing the prefix.
+    `auto` (the default) sizes chunks from the model's KV bytes per token. Where GPU-direct reads are on
+    it picks at least 128 MiB per chunk, which is where the parallel file reads start to pay off; a chunk
+    of fewer than 128 tokens stays under that for every model (even at 1 MiB of KV per token),
+    so GPU-direct reloads become overhead-bound and run slower than recomputing the prefix.
+
+    On the RAM path `auto` itself picks anything from one block (large models) to 256 tokens (small ones),
+    so no fixed value is called small there: lint cannot see the model's KV bytes per token.
 
     ## Example
     ```sh
-    INFERA_KVD_CHUNK_TOKENS=256 INFERA_KVD_SOCKET=/var/run/infera-kvd.sock python -m infera.engine.vllm ...
+    INFERA_KVD_CHUNK_TOKENS=64 INFERA_KVD_AIS=1 INFERA_KVD_HIPFILE_ROOTS=long=/nvme/kvd-long \\
+    INFERA_KVD_SOCKET=/var/run/infera-kvd.sock python -m infera.engine.vllm ...
     ```
 
     Use instead:
     ```sh
+    INFERA_KVD_AIS=1 INFERA_KVD_HIPFILE_ROOTS=long=/nvme/kvd-long \\
     INFERA_KVD_SOCKET=/var/run/infera-kvd.sock python -m infera.engine.vllm ...
     ```
 
@@ -212,10 +228,12 @@ def chunk_tokens_fixed(dep: Deployment, ctx: Context) -> Iterator[Hit]:
     """
     for leg in dep.legs:
         val = leg.env_value(CHUNK)
-        if val is not None and val.isdigit() and 0 < int(val) < SMALL_CHUNK_TOKENS:
+        if val is None:
+            continue
+        setting = chunk_setting(val, leg.env_value(AIS_ENV), leg.env_value(ROOTS_ENV))
+        if setting.small is not None:
             yield Hit(
-                f"INFERA_KVD_CHUNK_TOKENS={val} on leg {leg.name!r} is a small fixed chunk: reloads become "
-                "overhead-bound (auto sizes chunks to >= 128 MiB for GPU-direct)",
+                f"INFERA_KVD_CHUNK_TOKENS={val} on leg {leg.name!r} is a small fixed chunk: {setting.small}",
                 leg.where_env(CHUNK),
             )
 

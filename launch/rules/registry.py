@@ -132,11 +132,3 @@ def lookup(token: str) -> Rule | None:
 
 def make_finding(r: Rule, hit: Hit) -> Finding:
     return Finding(r.code, r.name, hit.severity or r.severity, hit.message, hit.fix or r.fix, hit.loc)
-
-
-def parse_version(text: str | None) -> tuple[int, int] | None:
-    """``0.29``, ``0.26.0``, ``v0.32.0+cpu`` -> (major, minor); None when absent or unreadable."""
-    if not text:
-        return None
-    m = re.match(r"^v?(\d+)\.(\d+)", str(text).strip())
-    return (int(m.group(1)), int(m.group(2))) if m else None

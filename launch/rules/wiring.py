@@ -6,6 +6,7 @@ import os
 import re
 from collections.abc import Iterator
 
+from infera.keyrules import chunk_setting
 from infera.launch.model import KTC_FLAG, Daemon, Deployment, Leg
 from infera.launch.rules.registry import Context, Hit, Severity, rule
 
@@ -444,19 +445,19 @@ def env_values(dep: Deployment, ctx: Context) -> Iterator[Hit]:
         if ais is not None and ais.strip().lower() not in ("0", "1", "auto"):
             yield Hit(f"INFERA_KVD_AIS={ais!r} on leg {leg.name!r} is not 0, 1 or auto", leg.where_env(AIS))
         chunk = leg.env_value(CHUNK)
-        if chunk is not None and chunk.strip().lower() != "auto":
-            if not chunk.strip().isdigit() or int(chunk) <= 0:
+        setting = chunk_setting(chunk)
+        if setting.error is not None:
+            yield Hit(
+                f"INFERA_KVD_CHUNK_TOKENS={chunk!r} on leg {leg.name!r} is not auto or a positive integer",
+                leg.where_env(CHUNK),
+            )
+        elif setting.tokens is not None:
+            block = leg.flag_value("--block-size")
+            if block and block.isdigit() and int(block) > 0 and setting.tokens % int(block):
                 yield Hit(
-                    f"INFERA_KVD_CHUNK_TOKENS={chunk!r} on leg {leg.name!r} is not auto or a positive integer",
+                    f"INFERA_KVD_CHUNK_TOKENS={chunk} on leg {leg.name!r} is not a multiple of --block-size {block}",
                     leg.where_env(CHUNK),
                 )
-            else:
-                block = leg.flag_value("--block-size")
-                if block and block.isdigit() and int(block) > 0 and int(chunk) % int(block):
-                    yield Hit(
-                        f"INFERA_KVD_CHUNK_TOKENS={chunk} on leg {leg.name!r} is not a multiple of --block-size {block}",
-                        leg.where_env(CHUNK),
-                    )
         roots = leg.env_value(ROOTS)
         if roots is not None:
             parsed = parse_roots(roots)

@@ -26,6 +26,14 @@ REPO = Path(__file__).resolve().parents[2]
 VENV032 = REPO / ".venv-vllm032" / "bin" / "python"
 VENV026 = REPO / ".venv-vllm026" / "bin" / "python"
 SLEEP = "import time; time.sleep(60)"
+#: Settings under test: the children get them only from the test, never from the runner's environment.
+SCRUBBED = (
+    "PYTHONHASHSEED",
+    "VIRTUAL_ENV",
+    "INFERA_KVD_CHUNK_TOKENS",
+    "INFERA_KVD_AIS",
+    "INFERA_KVD_HIPFILE_ROOTS",
+)
 needs_venvs = pytest.mark.skipif(
     not (VENV032.exists() and VENV026.exists()), reason="vLLM CPU venvs not set up (scripts/setup.sh --all)"
 )
@@ -45,11 +53,7 @@ class Engines:
         env: dict[str, str] | None = None,
         extra: tuple[str, ...] = (),
     ) -> int:
-        base = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("PYTHONHASHSEED", "VIRTUAL_ENV", "INFERA_KVD_CHUNK_TOKENS")
-        }
+        base = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
         argv = [str(python), "-c", SLEEP, "-m", module, "--model", model, *extra]
         p = subprocess.Popen(
             argv, env={**base, **(env or {})}, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -184,10 +188,19 @@ def test_engine_core_children_fold_into_their_engine(engines):
         k.kill()
 
 
-def test_chunk_tokens_small_fixed_value_warns(engines):
-    engines.start(env={"INFERA_KVD_CHUNK_TOKENS": "64", "PYTHONHASHSEED": "0"})
+def test_chunk_tokens_small_fixed_value_warns_with_gpu_direct(engines):
+    gpu_direct = {"INFERA_KVD_AIS": "1", "INFERA_KVD_HIPFILE_ROOTS": "long=/nvme/kvd-long"}
+    engines.start(env={"INFERA_KVD_CHUNK_TOKENS": "64", "PYTHONHASHSEED": "0", **gpu_direct})
     r = _result(engines, "chunk-tokens")
     assert r.status.value == "warn" and "=64 is small" in r.summary and "unset" in (r.fix or "")
+    assert "128 MiB" in (r.fix or "") and any("INFERA_KVD_AIS=1" in e.value for e in r.evidence)
+
+
+def test_chunk_tokens_pinned_ram_path_value_is_ok(engines):
+    # 64 tokens is what auto picks on the RAM path for a model of 64 KiB of KV per token
+    engines.start(env={"INFERA_KVD_CHUNK_TOKENS": "64", "PYTHONHASHSEED": "0"})
+    r = _result(engines, "chunk-tokens")
+    assert r.status.value == "ok" and "64" in r.summary
 
 
 def test_chunk_tokens_differing_for_one_model_fails(engines):

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from infera.errors import UsageError
 from infera.kvd.arena import ALIGN, Allocator
 from infera.kvd.protocol import RETENTION_CODE, FrameReader, FrameTooLarge, encode
-from infera.kvd.sizes import parse_duration, parse_size
 from infera.kvd.store import Store
+from infera.units import parse_duration, parse_size
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ import time
 import pytest
 from tui_screen import run, screen_text, wait_for
 
-from infera.kvd.sizes import format_size
 from infera.tui.app import TopApp
+from infera.units import format_size
 
 SIZE = (160, 48)
 INTERVAL = 0.2

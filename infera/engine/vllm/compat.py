@@ -36,14 +36,6 @@ def vllm_version() -> str:
     return ".".join(parts[:2])
 
 
-def version_tuple(text: str) -> tuple[int, int]:
-    try:
-        major, minor = text.split(".")[:2]
-        return int(major), int(minor)
-    except ValueError:
-        return (0, 0)
-
-
 def fixed_seed_release() -> bool:
     """True where vLLM seeds sha256 block hashes with a constant (0.29+)."""
     from vllm.v1.core import kv_cache_utils

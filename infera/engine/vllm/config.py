@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 
 from infera.errors import UsageError
+from infera.keyrules import parse_chunk_tokens  # the one reading of INFERA_KVD_CHUNK_TOKENS
 
 log = logging.getLogger("infera.engine.vllm")
 
@@ -44,22 +45,6 @@ class ConnectorEnv:
     @property
     def gpu_direct_requested(self) -> bool:
         return self.ais == "1" or (self.ais == "auto" and bool(self.hipfile_roots))
-
-
-def parse_chunk_tokens(text: str | None) -> int | None:
-    """``auto`` (or unset) gives None; otherwise a positive integer."""
-    if text is None or text.strip().lower() in ("", "auto"):
-        return None
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise UsageError(
-            f"INFERA_KVD_CHUNK_TOKENS={text!r} is neither 'auto' nor a whole number",
-            hint="leave it unset (auto) unless you measured a better value",
-        ) from None
-    if value <= 0:
-        raise UsageError(f"INFERA_KVD_CHUNK_TOKENS must be positive (got {value})")
-    return value
 
 
 def parse_ais(text: str | None) -> str:

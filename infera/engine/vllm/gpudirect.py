@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infera.kvd import chunkfile as cf
+from infera.versions import parse_version
 
 log = logging.getLogger("infera.engine.vllm")
 
@@ -208,15 +209,8 @@ def host_facts() -> HostFacts:
     return HostFacts(nvidia_fs=nvfs, amdgpu_version=amd, fs_type=_fs_type)
 
 
-def _version(text: str) -> tuple[int, ...]:
-    out = []
-    for part in text.split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
-        out.append(int(digits) if digits else 0)
-    return tuple(out)
-
-
 AMDGPU_AIS_MIN = "6.16.6"
+_AIS_MIN_VERSION = parse_version(AMDGPU_AIS_MIN) or ()
 
 
 @dataclass
@@ -286,7 +280,7 @@ def select(
         return no(f"filesystem {fs} at {sel.root}: GPU-direct needs ext4 or xfs")
     if chunk_bytes % ALIGN:
         return no(f"alignment: a {chunk_bytes}-byte chunk is not a multiple of {ALIGN} bytes")
-    if rocm and facts.amdgpu_version and _version(facts.amdgpu_version) < _version(AMDGPU_AIS_MIN):
+    if rocm and facts.amdgpu_version and (parse_version(facts.amdgpu_version) or ()) < _AIS_MIN_VERSION:
         return no(
             f"amdgpu driver {facts.amdgpu_version} is older than {AMDGPU_AIS_MIN}: AIS is not initialized"
         )

@@ -2,7 +2,8 @@
 
 Pure functions over plain facts, shared by the scheduler half, the worker half and the prewarm
 route, so the three can never derive different keys. Nothing here imports vLLM; ``compat``
-turns a ``VllmConfig`` into :class:`EngineFacts`.
+turns a ``VllmConfig`` into :class:`EngineFacts`. The rules kvd doctor and kvd lint apply too
+(the ``auto`` chunk size, the hash-seed mode) live in :mod:`infera.keyrules` and are re-exported here.
 
 * A *chunk* is ``chunk_tokens`` consecutive prompt tokens, a whole number of vLLM blocks.
 * A chunk's *hash* is vLLM's block hash of its last block: the chain hash already covers the
@@ -20,53 +21,10 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from infera.keyrules import auto_chunk_tokens, hash_seed_mode, resolve_chunk_tokens
+
 KEY_BYTES = 32
 FORMAT_VERSION = 1
-
-# Chunk sizing (docs/connector.md has the table): small chunks on the RAM path so short prompts
-# still fill whole chunks, large ones where GPU-direct reads need size to pay off.
-RAM_TARGET_BYTES = 4 << 20
-RAM_MAX_TOKENS = 256
-GPU_DIRECT_MIN_BYTES = 128 << 20
-
-
-def auto_chunk_tokens(bytes_per_token: int, block_size: int, gpu_direct: bool = False) -> int:
-    """The ``INFERA_KVD_CHUNK_TOKENS=auto`` rule: a whole number of blocks.
-
-    RAM path: the largest multiple of ``block_size`` whose chunk stays within 4 MiB and 256
-    tokens, and at least one block. GPU-direct: the smallest multiple of ``block_size`` whose
-    chunk reaches 128 MiB.
-    """
-    if block_size <= 0:
-        raise ValueError("block_size must be positive")
-    per_block = max(1, bytes_per_token) * block_size
-    if gpu_direct:
-        blocks = -(-GPU_DIRECT_MIN_BYTES // per_block)
-        return max(1, blocks) * block_size
-    blocks = min(RAM_TARGET_BYTES // per_block, RAM_MAX_TOKENS // block_size)
-    return max(1, blocks) * block_size
-
-
-def resolve_chunk_tokens(
-    requested: int | None, bytes_per_token: int, block_size: int, gpu_direct: bool = False
-) -> int:
-    """A fixed value is rounded up to a whole number of blocks; None means auto."""
-    if requested is None:
-        return auto_chunk_tokens(bytes_per_token, block_size, gpu_direct)
-    return -(-requested // block_size) * block_size
-
-
-def hash_seed_mode(python_hash_seed: str | None, algo: str, fixed_seed_release: bool) -> str:
-    """How vLLM seeds its block-hash chain in this process (research, vllm-connector.md §4).
-
-    ``env:<value>`` when PYTHONHASHSEED is set; ``fixed`` where vLLM >= 0.29 seeds sha256 with a
-    constant; ``random`` when the seed is drawn per process (keys then never match elsewhere).
-    """
-    if python_hash_seed is not None:
-        return f"env:{python_hash_seed}"
-    if fixed_seed_release and not algo.startswith("xxhash"):
-        return "fixed"
-    return "random"
 
 
 @dataclass(frozen=True)
@@ -183,3 +141,19 @@ def lookup_keys(ns_digest: bytes, hashes: list[bytes], ranks: int) -> list[bytes
     number of leading chunks that every rank can load.
     """
     return [chunk_key(ns_digest, h, r) for h in hashes for r in range(ranks)]
+
+
+__all__ = [
+    "FORMAT_VERSION",
+    "KEY_BYTES",
+    "EngineFacts",
+    "Namespace",
+    "auto_chunk_tokens",
+    "chunk_hashes",
+    "chunk_key",
+    "hash_seed_mode",
+    "hash_settings_of",
+    "lookup_keys",
+    "make_namespace",
+    "resolve_chunk_tokens",
+]

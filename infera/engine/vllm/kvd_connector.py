@@ -27,7 +27,7 @@ from infera.engine.vllm import compat
 from infera.engine.vllm.config import read_env
 from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import InferaKvdMetadata
-from infera.kvd.config import default_socket_path
+from infera.kvd.protocol import default_socket_path
 
 if TYPE_CHECKING:
     import torch
