@@ -4,6 +4,17 @@ from __future__ import annotations
 
 import typer
 
+from infera.kvd.flagopts import flatten, options
+from infera.kvd.flags import FLAGS, FlagValues
+
+# the daemon's flags kvd doctor takes: the same name, default and help as `kvd serve`, plus what doctor does with it
+DOCTOR_NOTES = {
+    "--socket": "kvd doctor checks the daemon there, and skips the daemon checks when nothing is there "
+    "and --socket is not given.",
+    "--long-path": "kvd doctor runs the storage checks on it.",
+}
+DAEMON_OPTIONS = options([f for f in FLAGS if f.doctor], env=False, notes=DOCTOR_NOTES)
+
 DOCTOR_HELP = (
     "Preflight for kvd and GPU-direct L3: driver, AIS, kernel, storage, hashing, daemon.\n\n"
     "Each check says ok / warn / fail / unknown / skip with the evidence it read (--verbose) and, "
@@ -12,7 +23,9 @@ DOCTOR_HELP = (
 )
 
 
+@flatten(DAEMON_OPTIONS, into="daemon")
 def doctor(
+    daemon: FlagValues,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object: checks and a summary."),
     check: list[str] = typer.Option(
         [],
@@ -23,15 +36,6 @@ def doctor(
     ),
     root: str = typer.Option(
         "/", "--root", metavar="DIR", help="Read host files under DIR (a mounted host or a fixture tree)."
-    ),
-    socket: str = typer.Option(
-        None,
-        "--socket",
-        metavar="PATH",
-        help="Daemon socket to include (default: $INFERA_KVD_SOCKET or the per-user path, when present).",
-    ),
-    long_path: str = typer.Option(
-        None, "--long-path", metavar="DIR", help="Long-tier directory for the storage checks."
     ),
     etcd: str = typer.Option(
         None,
@@ -53,6 +57,8 @@ def doctor(
     """Check this host (or a container, saying what it cannot know) before turning on kvd."""
     from infera.clikit import run_guarded
 
+    socket, long_path = daemon.get("socket"), daemon.get("long_path")
+
     def _go() -> int:
         import json
         import os
@@ -62,6 +68,7 @@ def doctor(
         from infera.doctor.render import render_text
         from infera.doctor.run import run_doctor
         from infera.errors import UsageError
+        from infera.kvd.flags import check as check_flags
 
         if list_checks:
             specs = select(check)
@@ -78,6 +85,7 @@ def doctor(
                 f"--root {root} is not a directory", hint="give the directory a host is mounted at"
             )
         select(check)  # unknown names are a usage error before anything runs
+        check_flags(daemon, together=False).raise_first()  # the daemon's own check of each value
         if etcd:
             from infera.discovery.etcd import parse_endpoints
 

@@ -12,13 +12,15 @@ import re
 from dataclasses import dataclass, field
 
 from infera.errors import UsageError
+from infera.kvd import flags
+from infera.kvd.flags import FlagValues
 from infera.launch import ktc
 from infera.launch.model import KTC_FLAG, Daemon, Deployment, Leg, ktc_json
 from infera.launch.spec import DAEMON_MODULE, ENGINE_MODULE
-from infera.units import parse_size
 
-DEFAULT_SOCKET = "/var/run/infera-kvd.sock"
-LONG_BACKENDS = ("disk", "mooncake", "lmcache")
+# daemon flags every emitted command spells out (the socket ties the engines to it; the size is the
+# first thing to edit); the others appear when given
+ALWAYS = ("--socket", "--max-bytes")
 # flags kvd launch sets itself: passing them through --engine-arg would fight the generated ones
 OWNED_ENGINE_FLAGS = {
     "--model",
@@ -38,16 +40,7 @@ OWNED_ENGINE_FLAGS = {
 class LaunchOptions:
     kind: str = "single"
     model: str | None = None
-    socket: str = DEFAULT_SOCKET
-    max_bytes: str = "16G"
-    long_path: str | None = None
-    long_bytes: str | None = None
-    long_backend: str | None = None
-    mooncake_master: str | None = None
-    mooncake_metadata: str | None = None
-    mooncake_protocol: str | None = None
-    mooncake_device: str | None = None
-    lmcache_url: str | None = None
+    daemon: FlagValues = field(default_factory=FlagValues)  # the daemon's flags, as kvd serve takes them
     ais: bool = False
     hipfile_roots: list[str] = field(default_factory=list)
     host: str = "0.0.0.0"
@@ -67,6 +60,15 @@ class LaunchOptions:
     python: str = "python"
     image: str | None = None
     vllm_version: str | None = None
+
+    @property
+    def socket(self) -> str:
+        return str(self.daemon.get("socket") or "")
+
+    @property
+    def long_path(self) -> str | None:
+        path = self.daemon.get("long_path")
+        return None if path is None else str(path)
 
 
 def _need(value: str | None, flag: str, what: str) -> str:
@@ -97,54 +99,18 @@ def _routable(host: str, flag: str) -> str:
 
 
 def _daemon(o: LaunchOptions) -> Daemon:
+    """The daemon's command: its flags checked by the daemon's own table, plus launch's absolute paths."""
     if not o.socket.startswith("/"):
         raise UsageError(f"--socket: {o.socket!r} is not an absolute path")
-    parse_size(o.max_bytes, "--max-bytes")
-    backend = o.long_backend.lower() if o.long_backend else None
-    if backend is not None and backend not in LONG_BACKENDS:
-        raise UsageError(f"--long-backend: {o.long_backend!r} is not one of {', '.join(LONG_BACKENDS)}")
-    if o.long_path and backend in ("mooncake", "lmcache"):
-        raise UsageError(
-            f"--long-path and --long-backend {backend} cannot be combined: the long tier is disk or distributed, never both"
-        )
-    if backend == "disk" and not o.long_path:
-        raise UsageError("--long-backend disk needs --long-path DIR")
-    if o.long_path and not o.long_bytes:
-        raise UsageError("--long-path needs --long-bytes (the disk tier's capacity, e.g. 256G)")
-    if o.long_bytes and not o.long_path:
-        raise UsageError("--long-bytes needs --long-path (it sizes the disk tier)")
-    if o.long_path and not o.long_path.startswith("/"):
+    flags.check(o.daemon).raise_first()
+    if o.long_path is not None and not o.long_path.startswith("/"):
         raise UsageError(f"--long-path: {o.long_path!r} is not an absolute path")
-    if o.long_bytes:
-        parse_size(o.long_bytes, "--long-bytes")
-    moon = {
-        "--mooncake-master": o.mooncake_master,
-        "--mooncake-metadata": o.mooncake_metadata,
-        "--mooncake-protocol": o.mooncake_protocol,
-        "--mooncake-device": o.mooncake_device,
-    }
-    given = [flag for flag, v in moon.items() if v]
-    if backend == "mooncake" and not o.mooncake_master:
-        raise UsageError("--long-backend mooncake needs --mooncake-master HOST:PORT")
-    if given and backend != "mooncake":
-        raise UsageError(f"{given[0]} needs --long-backend mooncake")
-    if o.mooncake_protocol and o.mooncake_protocol not in ("tcp", "rdma"):
-        raise UsageError(f"--mooncake-protocol: {o.mooncake_protocol!r} is not tcp or rdma")
-    if backend == "lmcache" and not o.lmcache_url:
-        raise UsageError("--long-backend lmcache needs --lmcache-url lm://HOST:PORT")
-    if o.lmcache_url and backend != "lmcache":
-        raise UsageError("--lmcache-url needs --long-backend lmcache")
-
-    argv = [o.python, *DAEMON_MODULE, "--socket", o.socket, "--max-bytes", o.max_bytes]
-    if o.long_path:
-        argv += ["--long-path", o.long_path, "--long-bytes", str(o.long_bytes)]
-    if backend in ("mooncake", "lmcache"):
-        argv += ["--long-backend", backend]
-        argv += [x for flag, v in moon.items() if v for x in (flag, v)]
-        if o.lmcache_url:
-            argv += ["--lmcache-url", o.lmcache_url]
+    argv = [o.python, *DAEMON_MODULE]
+    for f in flags.FLAGS:
+        if f.name in ALWAYS or f.name in o.daemon.given:
+            argv += f.argv(o.daemon.get(f.dest))
     argv += o.daemon_args
-    return Daemon(name="kvd", argv=argv, args_start=3, bool_flags=frozenset())
+    return Daemon(name="kvd", argv=argv, args_start=3)
 
 
 def _seed_env(o: LaunchOptions) -> dict[str, str | None]:

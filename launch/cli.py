@@ -1,15 +1,21 @@
 """``kvd launch`` (single | pd | --spec FILE) and ``kvd lint``.
 
-Only Typer is imported here; the model, rules, templates and parsers load when a command runs, so
-``kvd --help`` stays fast.
+Only Typer and the daemon's flag table are imported here; the model, rules, templates and parsers
+load when a command runs, so ``kvd --help`` stays fast. The daemon's flags of ``single`` and ``pd``
+are the table's (:mod:`infera.kvd.flags`): same names, defaults and help as ``kvd serve``.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import typer
+
+from infera.kvd.flagopts import ToolDefault, flatten, options
+from infera.kvd.flags import FlagValues
 
 launch_app = typer.Typer(
     help="Print, write or run validated kvd daemon + vLLM engine commands (shell, json, env, systemd, k8s, compose).",
@@ -19,32 +25,93 @@ launch_app = typer.Typer(
 
 FORMAT_HELP = "shell, json, env, systemd, k8s or compose."
 
+# kvd launch's one default that differs from the daemon's, and why (its help says so)
+LAUNCH_DEFAULTS = {
+    "--socket": ToolDefault(
+        "/var/run/infera-kvd.sock",
+        "kvd launch writes one system path into the daemon's command and every engine's INFERA_KVD_SOCKET",
+    )
+}
+DAEMON_PANEL = "Daemon (the flags of kvd serve)"
 
-def _emit(
-    dep: Any,
-    fmt: str,
-    json_out: bool,
-    emit: bool,
-    out: str | None,
-    run: bool,
-    part: str,
-    save_spec: str | None,
-    use_vllm: bool,
-) -> int:
+
+@dataclass(frozen=True)
+class Output:
+    """What to do with a deployment: the options every ``kvd launch`` form shares."""
+
+    fmt: str = "shell"
+    json_out: bool = False
+    emit: bool = False
+    out: str | None = None
+    run: bool = False
+    part: str = "all"
+    save_spec: str | None = None
+    vllm: bool = False
+
+
+def _param(name: str, default: Any, annotation: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+OUTPUT_OPTIONS = [
+    _param("fmt", typer.Option("shell", "--format", "-f", help=FORMAT_HELP), str),
+    _param("json_out", typer.Option(False, "--json", help="Same as --format json."), bool),
+    _param(
+        "emit",
+        typer.Option(
+            False, "--emit", help="Print the output (the default unless --out, --run or --save-spec)."
+        ),
+        bool,
+    ),
+    _param("out", typer.Option(None, "--out", help="Write the files into DIR."), str),
+    _param(
+        "run", typer.Option(False, "--run", help="Run the shell format now (replaces this process)."), bool
+    ),
+    _param(
+        "part",
+        typer.Option(
+            "all",
+            "--part",
+            help="With --run: which part to start (all, kvd, or a leg name: engine, prefill, decode).",
+        ),
+        str,
+    ),
+    _param(
+        "save_spec",
+        typer.Option(
+            None, "--save-spec", help="Also save the deployment as a spec file (.yaml/.yml or .json)."
+        ),
+        str,
+    ),
+    _param(
+        "vllm",
+        typer.Option(
+            False,
+            "--vllm",
+            help="Also validate kv-transfer-configs with vLLM's own KVTransferConfig (slow import).",
+        ),
+        bool,
+    ),
+]
+with_output = flatten(OUTPUT_OPTIONS, into="output", make=lambda values, given: Output(**values))
+with_daemon = flatten(options(env=False, defaults=LAUNCH_DEFAULTS, panel=DAEMON_PANEL), into="daemon")
+
+
+def _emit(dep: Any, o: Output) -> int:
     """Check ``dep`` against every rule, then save, print, write or run it. Returns the exit status."""
     from infera.errors import KvdError, UsageError
     from infera.launch.render import FORMATS, join_files, render
     from infera.launch.rules import Context, check, parse_version
     from infera.launch.spec import save_spec as write_spec
 
-    fmt = "json" if json_out else fmt
+    fmt = "json" if o.json_out else o.fmt
     if fmt not in FORMATS:
         raise UsageError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
-    if run and fmt != "shell":
+    if o.run and fmt != "shell":
         raise UsageError("--run runs the shell format; drop --format or use --format shell")
-    if use_vllm:
+    if o.vllm:
         _need_vllm()
-    findings = check(dep, Context(vllm_version=parse_version(dep.vllm_version), use_vllm=use_vllm))
+    findings = check(dep, Context(vllm_version=parse_version(dep.vllm_version), use_vllm=o.vllm))
     for f in findings:
         where = f"{f.path}:{f.line}:{f.col} " if f.loc else ""
         typer.echo(f"{where}{f.code} [{f.severity}] {f.message}\n  fix: {f.fix}", err=True)
@@ -54,30 +121,30 @@ def _emit(
             f"the deployment breaks {len(errors)} rule(s); nothing was written",
             hint="change the options or the spec as the findings say",
         )
-    if save_spec:
-        write_spec(dep, save_spec)
-        typer.echo(f"wrote {save_spec}", err=True)
+    if o.save_spec:
+        write_spec(dep, o.save_spec)
+        typer.echo(f"wrote {o.save_spec}", err=True)
     files = render(dep, fmt)
-    if out:
+    if o.out:
         import os
 
         try:
-            os.makedirs(out, exist_ok=True)
+            os.makedirs(o.out, exist_ok=True)
             for name, text in files.items():
-                path = os.path.join(out, name)
+                path = os.path.join(o.out, name)
                 with open(path, "w", encoding="utf-8") as fh:
                     fh.write(text)
                 if name.endswith(".sh"):
                     os.chmod(path, 0o755)
                 typer.echo(f"wrote {path}", err=True)
         except OSError as exc:
-            raise UsageError(f"--out: cannot write {out}: {exc.strerror}") from None
-    if run:
+            raise UsageError(f"--out: cannot write {o.out}: {exc.strerror}") from None
+    if o.run:
         import os
 
         sys.stdout.flush()
-        os.execvp("bash", ["bash", "-c", files["launch.sh"], "launch.sh", part])
-    if emit or not (out or save_spec):
+        os.execvp("bash", ["bash", "-c", files["launch.sh"], "launch.sh", o.part])
+    if o.emit or not (o.out or o.save_spec):
         typer.echo(join_files(files), nl=False)
     return 0
 
@@ -94,28 +161,12 @@ def _need_vllm() -> None:
 
 
 @launch_app.callback(invoke_without_command=True)
+@with_output
 def launch_main(
     ctx: typer.Context,
+    output: Output,
     spec: str = typer.Option(
         None, "--spec", help="Render a spec file (YAML or JSON) instead of building one from options."
-    ),
-    fmt: str = typer.Option("shell", "--format", "-f", help=FORMAT_HELP),
-    json_out: bool = typer.Option(False, "--json", help="Same as --format json."),
-    emit: bool = typer.Option(
-        False, "--emit", help="Print the output (the default unless --out, --run or --save-spec)."
-    ),
-    out: str = typer.Option(None, "--out", help="Write the files into DIR."),
-    run: bool = typer.Option(False, "--run", help="Run the shell format now (replaces this process)."),
-    part: str = typer.Option(
-        "all", "--part", help="With --run: which part to start (all, kvd, or a leg name)."
-    ),
-    save_spec: str = typer.Option(
-        None, "--save-spec", help="Also save the deployment as a spec file (.yaml/.yml or .json)."
-    ),
-    vllm: bool = typer.Option(
-        False,
-        "--vllm",
-        help="Also validate kv-transfer-configs with vLLM's own KVTransferConfig (slow import).",
     ),
     image: str = typer.Option(
         None, "--image", help="Container image for k8s and compose (overrides the spec's)."
@@ -140,7 +191,7 @@ def launch_main(
 
         dep = load_spec(spec)
         dep.image = image or dep.image
-        return _emit(dep, fmt, json_out, emit, out, run, part, save_spec, vllm)
+        return _emit(dep, output)
 
     if not spec:
         typer.echo(ctx.get_help())
@@ -152,33 +203,13 @@ def _raise(err: Exception) -> None:
     raise err
 
 
-def _opts(**kw: Any) -> Any:
-    from infera.launch.build import LaunchOptions
-
-    return LaunchOptions(**kw)
-
-
 @launch_app.command("single")
+@with_output
+@with_daemon
 def launch_single(
+    daemon: FlagValues,
+    output: Output,
     model: str = typer.Option(None, "--model", help="Model the engine serves (required)."),
-    socket: str = typer.Option(
-        "/var/run/infera-kvd.sock", "--socket", help="Daemon socket path (INFERA_KVD_SOCKET of the engine)."
-    ),
-    max_bytes: str = typer.Option("16G", "--max-bytes", help="RAM tier size."),
-    long_path: str = typer.Option(None, "--long-path", help="Disk tier (L3) directory."),
-    long_bytes: str = typer.Option(
-        None, "--long-bytes", help="Disk tier capacity (needed with --long-path)."
-    ),
-    long_backend: str = typer.Option(
-        None, "--long-backend", help="disk, mooncake or lmcache (distributed L4)."
-    ),
-    mooncake_master: str = typer.Option(None, "--mooncake-master", help="Mooncake master HOST:PORT."),
-    mooncake_metadata: str = typer.Option(None, "--mooncake-metadata", help="Mooncake metadata server URL."),
-    mooncake_protocol: str = typer.Option(None, "--mooncake-protocol", help="tcp or rdma."),
-    mooncake_device: str = typer.Option(None, "--mooncake-device", help="RDMA device(s) for Mooncake."),
-    lmcache_url: str = typer.Option(
-        None, "--lmcache-url", help="lmcache_server lm://HOST:PORT (with --long-backend lmcache)."
-    ),
     ais: bool = typer.Option(
         False, "--ais/--no-ais", help="GPU-direct L3 reads (INFERA_KVD_AIS=1, roots from --long-path)."
     ),
@@ -197,45 +228,28 @@ def launch_single(
         [], "--engine-arg", help="Extra engine flag, e.g. --engine-arg=--max-model-len=8192 (repeatable)."
     ),
     daemon_arg: list[str] = typer.Option(
-        [], "--daemon-arg", help="Extra daemon flag, e.g. --daemon-arg=--metrics-port=9400 (repeatable)."
+        [], "--daemon-arg", help="Extra daemon flag, passed as is (repeatable)."
     ),
     python: str = typer.Option("python", "--python", help="Python interpreter in the commands."),
     image: str = typer.Option(None, "--image", help="Container image (needed for k8s and compose)."),
     vllm_version: str = typer.Option(
         None, "--vllm-version", help="vLLM version the engines run (recorded in the spec; sharpens rules)."
     ),
-    fmt: str = typer.Option("shell", "--format", "-f", help=FORMAT_HELP),
-    json_out: bool = typer.Option(False, "--json", help="Same as --format json."),
-    emit: bool = typer.Option(
-        False, "--emit", help="Print the output (the default unless --out, --run or --save-spec)."
-    ),
-    out: str = typer.Option(None, "--out", help="Write the files into DIR."),
-    run: bool = typer.Option(False, "--run", help="Run the shell format now (replaces this process)."),
-    part: str = typer.Option("all", "--part", help="With --run: all, kvd or engine."),
-    save_spec: str = typer.Option(None, "--save-spec", help="Also save the deployment as a spec file."),
-    vllm: bool = typer.Option(
-        False, "--vllm", help="Also validate with vLLM's own KVTransferConfig (slow import)."
-    ),
 ) -> None:
     """One host: the kvd daemon and one engine using it (the product doc's single-host commands)."""
-    from infera.clikit import run_guarded
-    from infera.launch.build import build
-
-    def go() -> int:
-        o = _opts(
-            kind="single", model=model, socket=socket, max_bytes=max_bytes, long_path=long_path, long_bytes=long_bytes,
-            long_backend=long_backend, mooncake_master=mooncake_master, mooncake_metadata=mooncake_metadata,
-            mooncake_protocol=mooncake_protocol, mooncake_device=mooncake_device, lmcache_url=lmcache_url, ais=ais, hipfile_roots=hipfile_root,
-            host=host, port=port, hash_seed=hash_seed, prewarm=prewarm, engine_args=engine_arg, daemon_args=daemon_arg,
-            python=python, image=image, vllm_version=vllm_version,
-        )  # fmt: skip
-        return _emit(build(o), fmt, json_out, emit, out, run, part, save_spec, vllm)
-
-    raise typer.Exit(run_guarded(go) or 0)
+    _launch(
+        output, kind="single", daemon=daemon, model=model, ais=ais, hipfile_roots=hipfile_root, host=host,
+        port=port, hash_seed=hash_seed, prewarm=prewarm, engine_args=engine_arg, daemon_args=daemon_arg,
+        python=python, image=image, vllm_version=vllm_version,
+    )  # fmt: skip
 
 
 @launch_app.command("pd")
+@with_output
+@with_daemon
 def launch_pd(
+    daemon: FlagValues,
+    output: Output,
     model: str = typer.Option(None, "--model", help="Model both legs serve (required)."),
     etcd: str = typer.Option(
         None, "--etcd", help="etcd endpoint HOST:PORT both legs register in (required)."
@@ -246,7 +260,7 @@ def launch_pd(
     decode_advertise_host: str = typer.Option(
         None,
         "--decode-advertise-host",
-        help="Routable address of the decode host [default: --advertise-host].",
+        help="Routable address of the decode host \\[default: --advertise-host].",
     ),
     prefill_port: int = typer.Option(8001, "--prefill-port", help="Prefill engine port."),
     decode_port: int = typer.Option(8002, "--decode-port", help="Decode engine port."),
@@ -258,24 +272,6 @@ def launch_pd(
     ),
     kv_event_transport: str = typer.Option(
         "zmq", "--kv-event-transport", help="KV event transport of both legs."
-    ),
-    socket: str = typer.Option(
-        "/var/run/infera-kvd.sock", "--socket", help="Daemon socket on the prefill host."
-    ),
-    max_bytes: str = typer.Option("16G", "--max-bytes", help="RAM tier size."),
-    long_path: str = typer.Option(None, "--long-path", help="Disk tier (L3) directory."),
-    long_bytes: str = typer.Option(
-        None, "--long-bytes", help="Disk tier capacity (needed with --long-path)."
-    ),
-    long_backend: str = typer.Option(
-        None, "--long-backend", help="disk, mooncake or lmcache (distributed L4)."
-    ),
-    mooncake_master: str = typer.Option(None, "--mooncake-master", help="Mooncake master HOST:PORT."),
-    mooncake_metadata: str = typer.Option(None, "--mooncake-metadata", help="Mooncake metadata server URL."),
-    mooncake_protocol: str = typer.Option(None, "--mooncake-protocol", help="tcp or rdma."),
-    mooncake_device: str = typer.Option(None, "--mooncake-device", help="RDMA device(s) for Mooncake."),
-    lmcache_url: str = typer.Option(
-        None, "--lmcache-url", help="lmcache_server lm://HOST:PORT (with --long-backend lmcache)."
     ),
     ais: bool = typer.Option(False, "--ais/--no-ais", help="GPU-direct L3 reads on the prefill leg."),
     hipfile_root: list[str] = typer.Option(
@@ -291,41 +287,29 @@ def launch_pd(
     engine_arg: list[str] = typer.Option(
         [], "--engine-arg", help="Extra flag for both engines (repeatable)."
     ),
-    daemon_arg: list[str] = typer.Option([], "--daemon-arg", help="Extra daemon flag (repeatable)."),
+    daemon_arg: list[str] = typer.Option(
+        [], "--daemon-arg", help="Extra daemon flag, passed as is (repeatable)."
+    ),
     python: str = typer.Option("python", "--python", help="Python interpreter in the commands."),
     image: str = typer.Option(None, "--image", help="Container image (needed for k8s and compose)."),
     vllm_version: str = typer.Option(None, "--vllm-version", help="vLLM version the engines run."),
-    fmt: str = typer.Option("shell", "--format", "-f", help=FORMAT_HELP),
-    json_out: bool = typer.Option(False, "--json", help="Same as --format json."),
-    emit: bool = typer.Option(
-        False, "--emit", help="Print the output (the default unless --out, --run or --save-spec)."
-    ),
-    out: str = typer.Option(None, "--out", help="Write the files into DIR."),
-    run: bool = typer.Option(False, "--run", help="Run the shell format now (replaces this process)."),
-    part: str = typer.Option("all", "--part", help="With --run: all, kvd, prefill or decode."),
-    save_spec: str = typer.Option(None, "--save-spec", help="Also save the deployment as a spec file."),
-    vllm: bool = typer.Option(
-        False, "--vllm", help="Also validate with vLLM's own KVTransferConfig (slow import)."
-    ),
 ) -> None:
     """Prefill/decode: kvd daemon + prefill engine (MultiConnector over kvd and Mooncake) + decode engine."""
+    _launch(
+        output, kind="pd", daemon=daemon, model=model, etcd=etcd, advertise_host=advertise_host,
+        decode_advertise_host=decode_advertise_host, prefill_port=prefill_port, decode_port=decode_port,
+        discovery_backend=discovery_backend, request_transport=request_transport,
+        kv_event_transport=kv_event_transport, ais=ais, hipfile_roots=hipfile_root, host=host, hash_seed=hash_seed,
+        prewarm=prewarm, engine_args=engine_arg, daemon_args=daemon_arg, python=python, image=image,
+        vllm_version=vllm_version,
+    )  # fmt: skip
+
+
+def _launch(output: Output, **kw: Any) -> None:
     from infera.clikit import run_guarded
-    from infera.launch.build import build
+    from infera.launch.build import LaunchOptions, build
 
-    def go() -> int:
-        o = _opts(
-            kind="pd", model=model, etcd=etcd, advertise_host=advertise_host,
-            decode_advertise_host=decode_advertise_host, prefill_port=prefill_port, decode_port=decode_port,
-            discovery_backend=discovery_backend, request_transport=request_transport,
-            kv_event_transport=kv_event_transport, socket=socket, max_bytes=max_bytes, long_path=long_path,
-            long_bytes=long_bytes, long_backend=long_backend, mooncake_master=mooncake_master,
-            mooncake_metadata=mooncake_metadata, mooncake_protocol=mooncake_protocol, mooncake_device=mooncake_device, lmcache_url=lmcache_url,
-            ais=ais, hipfile_roots=hipfile_root, host=host, hash_seed=hash_seed, prewarm=prewarm,
-            engine_args=engine_arg, daemon_args=daemon_arg, python=python, image=image, vllm_version=vllm_version,
-        )  # fmt: skip
-        return _emit(build(o), fmt, json_out, emit, out, run, part, save_spec, vllm)
-
-    raise typer.Exit(run_guarded(go) or 0)
+    raise typer.Exit(run_guarded(lambda: _emit(build(LaunchOptions(**kw)), output)) or 0)
 
 
 def lint(

@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from infera.kvd.flags import SWITCHES as DAEMON_SWITCHES
+
 KVD_CONNECTOR = "InferaKvdConnector"
 KVD_MODULE = "infera.engine.vllm.kvd_connector"
 MULTI_CONNECTOR = "MultiConnector"
@@ -185,7 +187,7 @@ class Daemon(Process):
     """``python -m infera.kvd ...``: the per-host daemon."""
 
     name: str = "kvd"
-    bool_flags: frozenset[str] = frozenset()
+    bool_flags: frozenset[str] = DAEMON_SWITCHES
 
     @property
     def socket(self) -> str | None:

@@ -22,15 +22,14 @@ from typing import Any
 import yaml
 
 from infera.errors import UsageError
+from infera.kvd.flags import BY_NAME
 from infera.launch.model import KTC_FLAG, ROLES, Daemon, Deployment, Leg, Loc, ktc_json
 
 SPEC_VERSION = 1
+# daemon flags mirrored as fields of the spec (by the flag's dest), for readers
 DAEMON_FIELDS = {
-    "socket": "--socket",
-    "max_bytes": "--max-bytes",
-    "long_path": "--long-path",
-    "long_bytes": "--long-bytes",
-    "long_backend": "--long-backend",
+    BY_NAME[name].dest: name
+    for name in ("--socket", "--max-bytes", "--long-path", "--long-bytes", "--long-backend")
 }
 DAEMON_MODULE = ["-m", "infera.kvd"]
 ENGINE_MODULE = ["-m", "infera.engine.vllm"]

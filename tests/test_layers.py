@@ -40,6 +40,9 @@ LAYERS: dict[str, str] = {
     "infera.kvd.chunkfile": "contract",
     "infera.discovery": "contract",  # the P/D worker record, its etcd client and registrar
     "infera.discovery.*": "contract",
+    # the shared table of daemon flags: `kvd serve`, launch, lint and doctor derive from it
+    "infera.kvd.flags": "contract",
+    "infera.kvd.flagopts": "contract",  # the table as Typer options
     # daemon: the runtime behind the socket
     "infera.kvd.*": "daemon",
     # connector: the vLLM halves, layouts, keys, GPU path, engine entry
@@ -103,14 +106,6 @@ KNOWN_BREAKS: dict[tuple[str, str, str], str] = {
     ): "the snapshot gets a StatsSource (review-2026-12 §6.1)",
     ("infera.kvd.tiers.diskread", "infera.kvd.tiers.disk", "type"): (
         "the disk/diskread loop; the tier pipeline removes it (review-2026-12 §5.1 and §6.2)"
-    ),
-    ("infera.launch.rules.daemon", "infera.kvd.cli", "lazy"): (
-        "lint reflects over `kvd serve`'s Typer options; the shared daemon-flag table replaces that "
-        "(architecture issue item 3; review-2026-12 §2 'Launch -> Daemon' and §5.3)"
-    ),
-    ("infera.launch.rules.daemon", "infera.kvd.config", "lazy"): (
-        "lint calls the daemon's build_config; the shared daemon-flag table replaces that "
-        "(architecture issue item 3; review-2026-12 §2 'Launch -> Daemon' and §5.3)"
     ),
 }
 

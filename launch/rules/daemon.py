@@ -1,42 +1,14 @@
-"""KVD5xx: the daemon's own flags, checked with the daemon's own validation code."""
+"""KVD5xx: the daemon's own flags, checked with the daemon's flag table (:mod:`infera.kvd.flags`)."""
 
 from __future__ import annotations
 
-import inspect
-import re
 from collections.abc import Iterator
 from typing import Any
 
-from infera.errors import UsageError
-from infera.launch.model import Daemon, Deployment, Loc
+from infera.kvd import flags
+from infera.kvd.flags import DISTRIBUTED, UNKNOWN, FlagValues
+from infera.launch.model import Daemon, Deployment
 from infera.launch.rules.registry import Context, Hit, Severity, rule
-
-DISTRIBUTED = ("mooncake", "lmcache")
-# Flags of the distributed tier (issue: `--long-backend mooncake`), accepted ahead of the daemon.
-MOONCAKE_FLAGS = ("--mooncake-master", "--mooncake-metadata", "--mooncake-protocol", "--mooncake-device")
-MOONCAKE_PROTOCOLS = ("tcp", "rdma")
-
-
-def daemon_options() -> dict[str, tuple[str, Any, str | None]]:
-    """``--flag`` -> (parameter name, default, env var) for every option of `infera.kvd.cli.serve`."""
-    from infera.kvd.cli import serve
-
-    out: dict[str, tuple[str, Any, str | None]] = {}
-    for name, param in inspect.signature(serve).parameters.items():
-        info = param.default
-        decls = getattr(info, "param_decls", None) or ()
-        envvar = getattr(info, "envvar", None)
-        for decl in decls:
-            for flag in str(decl).split("/"):
-                if flag.startswith("--"):
-                    out[flag] = (
-                        name,
-                        getattr(info, "default", None),
-                        envvar if isinstance(envvar, str) else None,
-                    )
-    for flag in MOONCAKE_FLAGS:
-        out.setdefault(flag, (flag[2:].replace("-", "_"), None, None))
-    return out
 
 
 @rule(
@@ -81,54 +53,54 @@ def long_tier_both(dep: Deployment, ctx: Context) -> Iterator[Hit]:
             )
 
 
-def _config_error(d: Daemon, opts: dict[str, tuple[str, Any, str | None]]) -> str | None:
-    """Run the daemon's own flag validation (`infera.kvd.config.build_config`) over ``d``'s flags."""
-    from infera.kvd.config import LONG_BACKENDS, build_config
-
+def daemon_values(d: Daemon) -> FlagValues:
+    """``d``'s flag values as the daemon would read them: the command line, else the environment
+    variable, else the table's default; UNKNOWN where the linter cannot see the value."""
     values: dict[str, Any] = {}
-    for name, default, envvar in opts.values():
-        from_env = d.env.get(envvar) if envvar else None
-        values[name] = from_env if from_env is not None else default
-    for use in d.flags():
-        if use.name not in opts or use.value_index in d.unknown_args:
-            continue
-        name = opts[use.name][0]
-        if name == "allow_uid":
-            continue  # user names are resolved on the daemon's host, not here
-        values[name] = use.value
-    values["allow_uid"] = []
-    port = values.get("metrics_port")
-    if port is not None and not isinstance(port, int):
-        if not str(port).isdigit():
-            return f"--metrics-port: {port!r} is not a TCP port"
-        values["metrics_port"] = int(port)
-    params = inspect.signature(build_config).parameters
-    kwargs = {k: v for k, v in values.items() if k in params}
-    if "supported_backends" in params:
-        kwargs["supported_backends"] = LONG_BACKENDS
-    try:
-        build_config(**kwargs)
-    except UsageError as err:
-        return err.message
-    except TypeError:
-        return None  # the daemon's signature moved on; the other checks still run
-    return None
+    given: set[str] = set()
+    uses = [u for u in d.flags() if u.name in flags.BY_NAME]
+    for f in flags.FLAGS:
+        mine = [u for u in uses if u.name == f.name]
+        if mine:
+            given.add(f.name)
+            if f.kind == "switch":
+                values[f.dest] = True
+            elif any(u.value_index in d.unknown_args for u in mine):
+                values[f.dest] = UNKNOWN
+            elif f.kind == "list":
+                values[f.dest] = [u.value for u in mine if u.value is not None]
+            else:
+                values[f.dest] = mine[-1].value
+        elif f.env and f.env in d.env:
+            env = d.env[f.env]
+            if env is None:
+                values[f.dest] = UNKNOWN
+            elif env != "":  # the daemon, like click, skips an empty variable
+                values[f.dest] = env
+        elif f.env and not d.env_complete:
+            values[f.dest] = UNKNOWN
+    return FlagValues(values, frozenset(given))
 
 
 @rule(
     "KVD502",
     "daemon-flags",
     Severity.ERROR,
-    "The daemon accepts its flags (known flags, sizes, --long-path with --long-bytes, backend settings).",
+    "The daemon accepts its flags: every value passes the flag's own check, and the flags fit together.",
     "Fix the flag as the message says; `python -m infera.kvd --help` lists them.",
 )
 def daemon_flags(dep: Deployment, ctx: Context) -> Iterator[Hit]:
     """
     ## What it does
-    Runs the daemon's own flag validation over each `python -m infera.kvd` command: unknown flags, sizes
-    that do not parse, `--long-path` without `--long-bytes` (or the reverse), an unknown
-    `--long-backend`, `--long-backend mooncake` without `--mooncake-master`, a `--mooncake-protocol`
-    other than `tcp` or `rdma`, Mooncake flags without the Mooncake backend.
+    Checks each `python -m infera.kvd` command with the daemon's own flag table, the one `kvd serve`
+    validates with: unknown flags and stray arguments; every value, given as a flag or through its
+    environment variable (`INFERA_KVD_MOONCAKE_*`, `INFERA_KVD_LMCACHE_URL`, `INFERA_KVD_SOCKET`), through
+    that flag's validator (sizes such as `--max-bytes 12Q`, `--fsync maybe`, `--socket-mode 999`,
+    `--ephemeral-ttl forever`, `--busy-poll-us -5`, `--mooncake-master nohost`, ...); then the rules
+    between flags: `--long-path` without `--long-bytes` (or the reverse), `--long-backend mooncake`
+    without `--mooncake-master`, `--long-backend lmcache` without `--lmcache-url`, and Mooncake or
+    LMCache flags without their backend. The message is the one the daemon prints. A value the linter
+    cannot see (`$VAR`, an environment file) is not checked.
 
     ## Why it matters
     The daemon checks its flags at start and exits with a one-line error. Under systemd or Kubernetes
@@ -147,7 +119,6 @@ def daemon_flags(dep: Deployment, ctx: Context) -> Iterator[Hit]:
     ## Fix
     Follow the message; it is the same one the daemon prints.
     """
-    opts = daemon_options()
     for d in dep.daemons:
         if d.argv is None:
             continue
@@ -160,33 +131,22 @@ def daemon_flags(dep: Deployment, ctx: Context) -> Iterator[Hit]:
                 )
                 break
         for use in d.flags():
-            if use.name not in opts:
+            f = flags.BY_NAME.get(use.name)
+            if f is None:
                 yield Hit(f"daemon: unknown flag {use.name}", d.where_flag(use.name))
+            elif f.kind == "switch" and use.value is not None:
+                yield Hit(f"daemon: {f.name} takes no value", d.where_flag(use.name))
+            elif f.kind != "switch" and use.value is None:
+                yield Hit(f"daemon: {f.name} needs a value", d.where_flag(use.name))
         backend = (d.long_backend or "").lower()
         if d.has_flag("--long-path") and backend in DISTRIBUTED:
             continue  # KVD501
-        messages: list[tuple[str, Loc | None]] = []
-        err = _config_error(d, opts)
-        if err:
-            named = re.search(r"--[a-z][a-z0-9-]*", err)
-            where = d.where_flag(named.group(0)) if named and d.has_flag(named.group(0)) else d.where()
-            messages.append((err, where))
-        moon = [f for f in MOONCAKE_FLAGS if d.has_flag(f)]
-        master = d.has_flag("--mooncake-master") or "INFERA_KVD_MOONCAKE_MASTER" in d.env
-        if backend == "mooncake" and not master:
-            messages.append(
-                ("--long-backend mooncake needs --mooncake-master HOST:PORT", d.where_flag("--long-backend"))
-            )
-        elif moon and backend != "mooncake":
-            messages.append((f"{moon[0]} is ignored without --long-backend mooncake", d.where_flag(moon[0])))
-        proto = d.flag_value("--mooncake-protocol")
-        if proto is not None and proto not in MOONCAKE_PROTOCOLS:
-            messages.append(
-                (f"--mooncake-protocol {proto!r} is not tcp or rdma", d.where_flag("--mooncake-protocol"))
-            )
-        seen: set[str] = set()
-        for msg, where in messages:
-            key = msg.split(":")[0] if msg.startswith("--mooncake-protocol") else msg[:40]
-            if key not in seen:
-                seen.add(key)
-                yield Hit(f"daemon: {msg}", where)
+        for p in flags.check(daemon_values(d)).problems:
+            f = flags.BY_NAME.get(p.flag or "")
+            if p.flag and d.has_flag(p.flag):
+                where = d.where_flag(p.flag)
+            elif f is not None and f.env and f.env in d.env:
+                where = d.where_env(f.env)
+            else:
+                where = d.where()
+            yield Hit(f"daemon: {p.message}", where)

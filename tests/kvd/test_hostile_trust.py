@@ -33,7 +33,7 @@ from infera.kvd.client import (
     KvdUnavailable,
     KvdUntrusted,
 )
-from infera.kvd.config import default_socket_path
+from infera.kvd.protocol import default_socket_path
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second local user")

@@ -29,7 +29,6 @@ BASE: dict[str, Any] = {
     "log_level": "info",
     "metrics_port": None,
     "ephemeral_ttl": "300s",
-    "supported_backends": ("disk", "mooncake", "lmcache"),
 }
 
 

@@ -2,6 +2,10 @@
 
 Regenerate after an intended change with ``KVD_UPDATE_GOLDEN=1 pytest tests/launch/test_launch_golden.py``
 and review the diff.
+
+``single`` and ``pd`` are the product documentation's commands, which size the RAM tier with
+``--max-bytes 16G``; ``single-ram`` takes every default, so its daemon gets the daemon's own default
+(``--max-bytes 1G``: `kvd launch` and `kvd serve` share the flag table, defaults included).
 """
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 IMAGE = "ghcr.io/example/infera-kvd:0.1"
 CASES = {
-    "single": ["single", "--model", MODEL, "--long-path", "/nvme/kvd-long", "--long-bytes", "256G", "--image", IMAGE],
+    "single": [
+        "single", "--model", MODEL, "--max-bytes", "16G", "--long-path", "/nvme/kvd-long", "--long-bytes", "256G",
+        "--image", IMAGE,
+    ],
     "single-ram": ["single", "--model", MODEL, "--image", IMAGE],
     "pd": [
         "pd", "--model", MODEL, "--etcd", "etcd.internal:2379", "--advertise-host", "10.0.0.5",
-        "--decode-advertise-host", "10.0.0.6", "--long-path", "/nvme/kvd-long", "--long-bytes", "256G",
+        "--decode-advertise-host", "10.0.0.6", "--max-bytes", "16G", "--long-path", "/nvme/kvd-long", "--long-bytes", "256G",
         "--ais", "--image", IMAGE,
     ],
 }  # fmt: skip

@@ -12,7 +12,7 @@ set -euo pipefail
 start_kvd() {
   python -m infera.kvd \
     --socket /var/run/infera-kvd.sock \
-    --max-bytes 16G
+    --max-bytes 1G
 }
 
 start_engine() {
