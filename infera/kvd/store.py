@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from infera.kvd.arena import Allocator, align_up
@@ -121,6 +121,7 @@ class Store:
                 "put_none_total",
                 "put_exists_total",
                 "put_busy_total",
+                "put_rolled_back_total",
                 "aborts_total",
             ),
             0,
@@ -166,6 +167,26 @@ class Store:
         chunk = Chunk(ikey, off, length, retention)
         self.pending[ikey] = chunk
         return ReserveResult(chunk)
+
+    def reserve_many(
+        self, ikeys: Sequence[bytes], lengths: Sequence[int], retention: int, overwrite: bool = False
+    ) -> list[ReserveResult]:
+        """A PUT's reservations, all or nothing: :meth:`reserve` for each key (the caller checked
+        every argument first); if anything raises midway, the reservations this call made are
+        given back before the exception goes on."""
+        out: list[ReserveResult] = []
+        try:
+            for ikey, length in zip(ikeys, lengths, strict=True):
+                out.append(self.reserve(ikey, length, retention, overwrite))
+        except BaseException:
+            n = 0
+            for res in out:
+                if res.chunk is not None:
+                    self.cancel_hidden(res.chunk)  # unseen and uncounted: just give the room back
+                    n += 1
+            self.c["put_rolled_back_total"] += n
+            raise
+        return out
 
     def seal(self, chunk: Chunk) -> bool:
         """Make a reservation visible. Returns False if another writer won meanwhile."""
