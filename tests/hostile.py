@@ -152,7 +152,7 @@ class HealthProbe:
         assert worst <= max_s, f"a healthy round took {worst * 1e3:.0f} ms (> {max_s * 1e3:.0f} ms)"
 
 
-# --- h16-store: a probe for a full arena -----------------------------------------------------
+# --- h16-store: a probe for a full arena, and the daemon's thread count ------------------------
 
 
 class HoldingProbe(HealthProbe):
@@ -209,3 +209,12 @@ class HoldingProbe(HealthProbe):
                     self.wrong += 1
                 i += 1
                 time.sleep(0.002)
+
+
+def daemon_threads(pid: int) -> int:
+    """Number of threads of a process (from /proc)."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    return 0

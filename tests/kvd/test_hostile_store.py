@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import socket
 import time
+import urllib.request
 from collections.abc import Callable
 
 import pytest
-from hostile import HealthProbe, HoldingProbe, frame, hello, raw, read_reply
+from hostile import HealthProbe, HoldingProbe, daemon_threads, frame, hello, raw, read_reply
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import Daemon
+from helpers import Daemon, free_port
+from infera.kvd import metrics
 from infera.kvd import protocol as P
 from infera.kvd.arena import ALIGN, align_up
 from infera.kvd.protocol import RETENTION_CODE
@@ -30,6 +32,12 @@ REFUSAL_DEADLINE_S = 2.0
 REFUSAL_SOCKET_TIMEOUT_S = 10.0  # how long the test waits at all before calling it a freeze
 # Store alone: 65,536 refusals with 4,096 chunks in use (a few microseconds each).
 STORE_REFUSAL_S = 1.5
+# Metrics endpoint: what a real scrape may take while 300 idle connections sit there, and how
+# many threads the daemon may add for them (none: one thread serves every connection).
+IDLE_CONNECTIONS = 300
+SCRAPE_DEADLINE_S = 2.0
+EXTRA_THREADS = 2
+CLOSE_MARGIN_S = 3.0  # slack on top of metrics.CONN_TIMEOUT_S before an idle connection is closed
 
 
 def _rounds(probe: HealthProbe, n: int = 50, timeout: float = 10.0) -> None:
@@ -119,6 +127,55 @@ def test_put_with_a_bad_length_reserves_nothing(daemon: Daemon) -> None:
         _rounds(probe)
         s.close()
     probe.assert_healthy()
+
+
+# -- item 16: idle scrapers cost no threads and cannot lock a real scrape out -------------------
+
+
+def test_idle_metrics_connections_are_bounded(start_daemon: Callable[..., Daemon]) -> None:
+    port = free_port()
+    d = start_daemon("--max-bytes", "64M", "--metrics-port", str(port))
+    with HealthProbe(d.socket) as probe:
+        base = daemon_threads(d.pid)
+        opened = time.monotonic()
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(IDLE_CONNECTIONS)]
+        time.sleep(0.3)
+        threads = daemon_threads(d.pid)
+        assert threads <= base + EXTRA_THREADS, f"{threads} threads with idle scrapers (was {base})"
+        t0 = time.monotonic()
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=SCRAPE_DEADLINE_S).read()
+        assert time.monotonic() - t0 <= SCRAPE_DEADLINE_S
+        assert b"# TYPE kvd_sets_total counter" in body
+        over_cap = int(body.split(b"\nkvd_metrics_closed_over_cap_total ")[1].split()[0])
+        assert over_cap >= IDLE_CONNECTIONS - metrics.MAX_CONNECTIONS
+        # every idle connection is closed by the daemon: the oldest at once (over the cap), the
+        # rest when their time is up
+        deadline = opened + metrics.CONN_TIMEOUT_S + CLOSE_MARGIN_S
+        for conn in idle:
+            conn.settimeout(max(0.05, deadline - time.monotonic()))
+            try:
+                assert conn.recv(1) == b""
+            except ConnectionResetError:
+                pass
+            conn.close()
+        assert daemon_threads(d.pid) <= base + EXTRA_THREADS
+    probe.assert_healthy()
+
+
+def test_metrics_replies_to_a_client_that_shuts_its_side(start_daemon: Callable[..., Daemon]) -> None:
+    port = free_port()
+    d = start_daemon("--max-bytes", "8M", "--metrics-port", str(port))
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        s.shutdown(socket.SHUT_WR)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.0 200 OK") and b"kvd_chunks " in data
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"GET /nope HTTP/1.0\r\n\r\n")
+        assert s.recv(65536).startswith(b"HTTP/1.0 404")
+    assert d.alive()
 
 
 # -- Store units -----------------------------------------------------------------------------------
