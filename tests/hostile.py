@@ -441,5 +441,73 @@ def tree_snapshot(root: str | os.PathLike[str]) -> dict[str, tuple[str, bytes]]:
     return out
 
 
+# --- h16-store: a probe for a full arena, and the daemon's thread count ------------------------
+
+
+class HoldingProbe(HealthProbe):
+    """A healthy engine on an arena someone else filled: it cannot count on room for new chunks,
+    so it stores ``keys`` chunks once, holds them (LOOKUP ``hold_ms``, as an engine does before
+    it reads), and then each round renews the hold and GETs one of them, checking every byte.
+    The round's latency is what :meth:`assert_healthy` judges."""
+
+    def __init__(
+        self,
+        socket_path: str,
+        size: int = 64 << 10,
+        namespace: str = "healthy-probe",
+        keys: int = 8,
+        hold_ms: int = 60_000,
+    ) -> None:
+        super().__init__(socket_path, size=size, namespace=namespace)
+        self.nkeys = keys
+        self.hold_ms = hold_ms
+
+    def _run(self) -> None:
+        from infera.kvd.client import KvdClient
+
+        keys = [f"held-{i}".encode() for i in range(self.nkeys)]
+        payloads = [(i.to_bytes(8, "little") * (self.size // 8 + 1))[: self.size] for i in range(len(keys))]
+        try:
+            client = KvdClient(self.socket_path, namespace=self.namespace, name="holding-probe", timeout=10)
+        except Exception as exc:  # reported by __enter__ / assert_healthy
+            self.errors.append(f"connect: {exc}")
+            self._ready.set()
+            return
+        try:
+            client.put_many(list(zip(keys, payloads, strict=True)), retention="short", overwrite=True)
+            if client.lookup(keys, hold_ms=self.hold_ms) != len(keys):
+                raise RuntimeError("the probe's own chunks are not all there")
+        except Exception as exc:
+            self.errors.append(f"setup: {type(exc).__name__}: {exc}")
+            client.close()
+            self._ready.set()
+            return
+        self._ready.set()
+        i = 0
+        with client:
+            while not self._stop.is_set():
+                t0 = time.monotonic()
+                try:
+                    held = client.lookup(keys, hold_ms=self.hold_ms)
+                    got = client.get(keys[i % len(keys)])
+                except Exception as exc:
+                    self.errors.append(f"round {i}: {type(exc).__name__}: {exc}")
+                    break
+                self.latencies.append(time.monotonic() - t0)
+                if held != len(keys) or got != payloads[i % len(keys)]:
+                    self.wrong += 1
+                i += 1
+                time.sleep(0.002)
+
+
+def daemon_threads(pid: int) -> int:
+    """Number of threads of a process (from /proc)."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    return 0
+
+
 if __name__ == "__main__" and _sys.argv[1:2] == ["fake-daemon"]:
     _fake_daemon_main(_json.loads(_sys.argv[2]))

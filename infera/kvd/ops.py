@@ -134,18 +134,18 @@ class Ops:
         lengths = self._ints(msg, "lengths")
         if len(lengths) != len(keys):
             raise BadRequest("'keys' and 'lengths' must have the same length")
+        # every check comes before the first reservation: a PUT reserves all its keys or none
+        if min(lengths, default=0) < 0:
+            raise BadRequest("lengths must not be negative")
         retention = msg.get("retention", "long")
-        if retention not in P.RETENTION_CODE:
+        if not isinstance(retention, str) or retention not in P.RETENTION_CODE:
             raise BadRequest(f"retention must be one of {', '.join(P.RETENTIONS)}")
         code = P.RETENTION_CODE[retention]
         overwrite = bool(msg.get("overwrite", False))
         # the caller writes the long-tier file itself (GPU-direct) and ADOPTs it: no write-through
         persisted = bool(msg.get("persisted", False)) and self.long is not None
         slots: list[Any] = []
-        for ikey, length in zip(self.ikeys(client, keys), lengths, strict=True):
-            if length < 0:
-                raise BadRequest("lengths must not be negative")
-            res = store.reserve(ikey, length, code, overwrite)
+        for res in store.reserve_many(self.ikeys(client, keys), lengths, code, overwrite):
             if res.chunk is None:
                 slots.append(res.error)
                 continue

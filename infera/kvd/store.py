@@ -13,20 +13,42 @@ Ownership rules (each one sentence, in the manner of Plasma's create/seal/get/re
 Eviction order: expired ``ephemeral`` chunks, then least-recently-used ``ephemeral``, then
 ``short``, then ``long``; chunks that are leased, held by a LOOKUP, or being written to the long
 tier are skipped.
+
+How skipping stays cheap (refusing a write must cost O(keys), never O(keys x chunks)):
+
+* ``lru[cls]`` holds the eviction candidates of a class, least recently used first. When the
+  victim scan meets a chunk it may not evict, it sets it aside in ``parked[cls]`` and never looks
+  at it again while that lasts: a leased or pinned chunk comes back when its last lease or pin
+  goes (:meth:`Store.release`, :meth:`Store.unpin`), a held one when its ``hold_until`` passes
+  (a heap keyed by it, drained by :meth:`Store.sweep` and before every eviction). A chunk comes
+  back at the most-recently-used end of its class, as if accessed when it stopped being in use
+  (it was in use until then; an exact old position would cost a sorted structure on the hot path).
+  An ``ephemeral`` chunk whose TTL passed while it was set aside expires when it comes back.
+* ``ephemeral`` chunks are also kept in seal order, which is expiry order (one TTL, a monotonic
+  clock), so :meth:`Store.sweep` looks only at the chunks that did expire.
+* Within one PUT (:meth:`Store.reserve_many`), once a size found the arena full after evicting
+  everything evictable, keys of that size or larger are refused ``full`` at once.
+
+Every chunk is therefore visited by the victim scan at most once per spell of being in use, and
+each refused key costs a few dict lookups.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from infera.kvd.arena import Allocator, align_up
+from infera.kvd.arena import ALIGN, Allocator, align_up
 from infera.kvd.protocol import RETENTION_CODE, RETENTIONS
 
 NONE, EPHEMERAL, SHORT, LONG = (RETENTION_CODE[r] for r in RETENTIONS)
 EVICTION_ORDER = (EPHEMERAL, SHORT, LONG)
+# Chunk.parked: where a sealed, indexed chunk sits (see the module docstring)
+IN_LRU, BUSY, HELD = 0, 1, 2  # eviction candidate / set aside leased or pinned / set aside held
 
 
 class Chunk:
@@ -35,12 +57,14 @@ class Chunk:
     __slots__ = (
         "expires",
         "hold_until",
+        "home",
         "ikey",
         "last_access",
         "leases",
         "length",
         "offset",
         "on_long",
+        "parked",
         "pins",
         "retention",
         "sealed",
@@ -60,6 +84,9 @@ class Chunk:
         self.expires = 0.0
         self.last_access = 0.0
         self.on_long = False
+        self.parked = IN_LRU
+        # the ordered dict this chunk sits in (lru[cls] or parked[cls]) while it is indexed
+        self.home: OrderedDict[bytes, Chunk] | None = None
 
     @property
     def ns_id(self) -> int:
@@ -81,6 +108,9 @@ class ReserveResult:
         self.error = error
 
 
+_FULL = ReserveResult(None, "full")  # shared: refusals carry no state
+
+
 class Store:
     """Index and policy of the RAM tier. Single-threaded: the server loop owns it."""
 
@@ -95,7 +125,14 @@ class Store:
         self.clock = clock
         self.index: dict[bytes, Chunk] = {}
         self.pending: dict[bytes, Chunk] = {}
+        # eviction candidates, least recently used first; and the chunks the scan set aside
         self.lru: dict[int, OrderedDict[bytes, Chunk]] = {c: OrderedDict() for c in EVICTION_ORDER}
+        self.parked: dict[int, OrderedDict[bytes, Chunk]] = {c: OrderedDict() for c in EVICTION_ORDER}
+        self._held: list[tuple[float, int, Chunk]] = []  # (hold_until, seq, chunk) of HELD chunks
+        self._held_n = 0  # chunks parked HELD (the heap may also hold stale entries)
+        self._seq = itertools.count()
+        self._by_expiry: OrderedDict[bytes, Chunk] = OrderedDict()  # ephemeral, in seal order
+        self._full_at: int | None = None  # within reserve_many: smallest size refused "full"
         self.namespaces: dict[str, int] = {}
         self.ns_names: list[str] = []
         self.bytes_stored = 0
@@ -121,7 +158,9 @@ class Store:
                 "put_none_total",
                 "put_exists_total",
                 "put_busy_total",
+                "put_rolled_back_total",
                 "aborts_total",
+                "evict_skipped_total",
             ),
             0,
         )
@@ -155,17 +194,63 @@ class Store:
         if ikey in self.pending:
             self.c["put_busy_total"] += 1
             return ReserveResult(None, "busy")
-        if align_up(length) > self.alloc.capacity:
+        size = align_up(max(length, 1))
+        if size > self.alloc.capacity:
             self.c["put_rejected_total"] += 1
             return ReserveResult(None, "too_large")
-        off = self._alloc_evicting(length)
+        full_at = self._full_at
+        off = None if full_at is not None and size >= full_at else self._alloc_evicting(length)
         if off is None:
+            if full_at is not None and size < full_at:
+                self._full_at = size
             self.c["put_rejected_total"] += 1
             self.c["put_rejected_full_total"] += 1
             return ReserveResult(None, "full")
         chunk = Chunk(ikey, off, length, retention)
         self.pending[ikey] = chunk
         return ReserveResult(chunk)
+
+    def reserve_many(
+        self, ikeys: Sequence[bytes], lengths: Sequence[int], retention: int, overwrite: bool = False
+    ) -> list[ReserveResult]:
+        """A PUT's reservations, all or nothing: :meth:`reserve` for each key (the caller checked
+        every argument first); if anything raises midway, the reservations this call made are
+        given back before the exception goes on. Once a size found the arena full (everything
+        evictable already evicted), keys of that size or larger in the same call are refused
+        ``full`` at once: nothing in between frees room."""
+        out: list[ReserveResult] = []
+        capacity = self.alloc.capacity
+        self._full_at = capacity + ALIGN  # nothing refused yet: above any size that fits
+        index = self.index
+        pending = self.pending
+        refused = 0
+        try:
+            for ikey, length in zip(ikeys, lengths, strict=True):
+                # the tail of a batch that found the arena full: what reserve would answer, for
+                # a few dict lookups (align_up(length) >= _full_at, both multiples of ALIGN)
+                if (
+                    self._full_at - ALIGN < length <= capacity
+                    and retention != NONE
+                    and (overwrite or ikey not in index)
+                    and ikey not in pending
+                ):
+                    out.append(_FULL)
+                    refused += 1
+                    continue
+                out.append(self.reserve(ikey, length, retention, overwrite))
+        except BaseException:
+            n = 0
+            for res in out:
+                if res.chunk is not None:
+                    self.cancel_hidden(res.chunk)  # unseen and uncounted: just give the room back
+                    n += 1
+            self.c["put_rolled_back_total"] += n
+            raise
+        finally:
+            self._full_at = None
+            self.c["put_rejected_total"] += refused
+            self.c["put_rejected_full_total"] += refused
+        return out
 
     def seal(self, chunk: Chunk) -> bool:
         """Make a reservation visible. Returns False if another writer won meanwhile."""
@@ -179,8 +264,9 @@ class Store:
         chunk.last_access = now
         if chunk.retention == EPHEMERAL:
             chunk.expires = now + self.ephemeral_ttl
+            self._by_expiry[chunk.ikey] = chunk
         self.index[chunk.ikey] = chunk
-        self.lru[chunk.retention][chunk.ikey] = chunk
+        self._enqueue(chunk)
         self.bytes_stored += chunk.length
         self.c["sets_total"] += 1
         self.c["bytes_in_total"] += chunk.length
@@ -206,8 +292,9 @@ class Store:
         chunk.last_access = self.clock()
         if retention == EPHEMERAL:
             chunk.expires = chunk.last_access + self.ephemeral_ttl
+            self._by_expiry[ikey] = chunk
         self.index[ikey] = chunk
-        self.lru[retention][ikey] = chunk
+        self._enqueue(chunk)
         self.bytes_stored += length
         return chunk
 
@@ -233,7 +320,7 @@ class Store:
         chunk.sealed = True
         chunk.last_access = self.clock()
         self.index[chunk.ikey] = chunk
-        self.lru[chunk.retention][chunk.ikey] = chunk
+        self._enqueue(chunk)
         self.bytes_stored += chunk.length
 
     def cancel_hidden(self, chunk: Chunk) -> None:
@@ -256,17 +343,17 @@ class Store:
         Found chunks are touched (and held for ``hold_s``). Returns ``(count, stop)`` where
         ``stop`` is the index of the first key not in RAM (== count), so a long tier can continue
         the count from there."""
-        index = self.index
-        lrus = self.lru
+        get = self.index.get
+        ephemeral = EPHEMERAL
         now = self.clock()
         hold_until = now + hold_s
         n = 0
         for ikey in ikeys:
-            chunk = index.get(ikey)
-            if chunk is None or (chunk.retention == EPHEMERAL and chunk.expires <= now):
+            chunk = get(ikey)
+            if chunk is None or (chunk.retention == ephemeral and chunk.expires <= now):
                 break
             chunk.last_access = now
-            lrus[chunk.retention].move_to_end(ikey)
+            chunk.home.move_to_end(ikey)  # type: ignore[union-attr]  # indexed: has a home
             if hold_s and chunk.hold_until < hold_until:
                 chunk.hold_until = hold_until
             n += 1
@@ -274,9 +361,8 @@ class Store:
 
     def touch(self, chunk: Chunk) -> None:
         chunk.last_access = self.clock()
-        lru = self.lru[chunk.retention]
-        if chunk.ikey in lru:
-            lru.move_to_end(chunk.ikey)
+        if chunk.home is not None:  # (set aside: it goes back to the MRU end anyway)
+            chunk.home.move_to_end(chunk.ikey)
 
     def lease(self, chunk: Chunk) -> None:
         chunk.leases += 1
@@ -285,13 +371,21 @@ class Store:
 
     def release(self, chunk: Chunk) -> None:
         chunk.leases -= 1
-        if chunk.zombie and chunk.leases == 0 and chunk.pins == 0:
-            self.alloc.free(chunk.offset, chunk.length)
+        if chunk.leases == 0 and chunk.pins == 0:
+            self._idle(chunk)
 
     def unpin(self, chunk: Chunk) -> None:
+        """Drop an internal hold (a tier took it with ``chunk.pins += 1``)."""
         chunk.pins -= 1
-        if chunk.zombie and chunk.leases == 0 and chunk.pins == 0:
+        if chunk.leases == 0 and chunk.pins == 0:
+            self._idle(chunk)
+
+    def _idle(self, chunk: Chunk) -> None:
+        """The last lease or pin of ``chunk`` went."""
+        if chunk.zombie:
             self.alloc.free(chunk.offset, chunk.length)
+        elif chunk.parked == BUSY:
+            self._unpark(chunk, self.clock())
 
     def hold(self, chunk: Chunk, seconds: float) -> None:
         chunk.hold_until = max(chunk.hold_until, self.clock() + seconds)
@@ -308,8 +402,16 @@ class Store:
         return n
 
     def _unlink(self, chunk: Chunk, reason: str) -> None:
-        del self.index[chunk.ikey]
-        self.lru[chunk.retention].pop(chunk.ikey, None)
+        ikey = chunk.ikey
+        del self.index[ikey]
+        if chunk.home is not None:
+            del chunk.home[ikey]
+            chunk.home = None
+        if chunk.parked == HELD:
+            self._held_n -= 1  # its heap entry is now stale
+        chunk.parked = IN_LRU
+        if chunk.retention == EPHEMERAL:
+            self._by_expiry.pop(ikey, None)
         self.bytes_stored -= chunk.length
         if self.on_drop is not None:
             self.on_drop(chunk, reason)
@@ -323,16 +425,89 @@ class Store:
         self._unlink(chunk, "expired")
 
     def sweep(self) -> int:
-        """Expire ephemeral chunks whose TTL has passed; returns how many went."""
+        """Expire ephemeral chunks whose TTL has passed; returns how many went. Also brings back
+        the chunks whose LOOKUP hold ended. Costs O(what expired), not O(chunks)."""
         now = self.clock()
-        gone = [c for c in self.lru[EPHEMERAL].values() if c.expires <= now and c.evictable(now)]
-        for chunk in gone:
+        self._end_holds(now)
+        queue = self._by_expiry
+        n = 0
+        while queue:
+            chunk = next(iter(queue.values()))
+            if chunk.expires > now:
+                break
+            del queue[chunk.ikey]
+            if chunk.evictable(now):
+                self._expire(chunk)
+                n += 1
+            elif not chunk.parked:
+                # in use: set aside; it expires when it comes back (see _unpark)
+                self._park(chunk, BUSY if chunk.leases or chunk.pins else HELD)
+        return n
+
+    # -- setting aside what cannot be evicted -----------------------------------------------
+    def _enqueue(self, chunk: Chunk) -> None:
+        """Append an indexed chunk to its class's eviction candidates (the MRU end)."""
+        home = chunk.home = self.lru[chunk.retention]
+        home[chunk.ikey] = chunk
+
+    def _park(self, chunk: Chunk, state: int) -> None:
+        """Take ``chunk`` out of the eviction candidates: leased/pinned (BUSY) or held (HELD)."""
+        ikey = chunk.ikey
+        del self.lru[chunk.retention][ikey]
+        home = chunk.home = self.parked[chunk.retention]
+        home[ikey] = chunk
+        chunk.parked = state
+        self.c["evict_skipped_total"] += 1
+        if state == HELD:
+            self._push_held(chunk)
+
+    def _push_held(self, chunk: Chunk) -> None:
+        heap = self._held
+        heapq.heappush(heap, (chunk.hold_until, next(self._seq), chunk))
+        self._held_n += 1
+        if len(heap) > 2 * self._held_n + 1024:  # mostly stale entries (chunks gone): compact
+            self._held = [e for e in heap if e[2].parked == HELD]
+            heapq.heapify(self._held)
+
+    def _unpark(self, chunk: Chunk, now: float) -> None:
+        """A parked chunk without leases or pins: held still, back to the candidates (at the MRU
+        end), or, an ephemeral chunk whose TTL passed meanwhile, expired."""
+        if chunk.hold_until > now:
+            if chunk.parked != HELD:
+                chunk.parked = HELD
+                self._push_held(chunk)
+            return
+        del self.parked[chunk.retention][chunk.ikey]
+        chunk.parked = IN_LRU
+        self._enqueue(chunk)
+        if chunk.retention == EPHEMERAL and chunk.expires <= now:
             self._expire(chunk)
-        return len(gone)
+
+    def _end_holds(self, now: float) -> None:
+        """Move chunks whose hold has passed out of the heap (O(log n) each)."""
+        heap = self._held
+        while heap and heap[0][0] <= now:
+            chunk = heapq.heappop(heap)[2]
+            if chunk.parked != HELD:
+                continue  # stale: the chunk went meanwhile
+            self._held_n -= 1
+            if chunk.hold_until > now:  # the hold was renewed while parked
+                self._push_held(chunk)
+            elif chunk.leases or chunk.pins:
+                chunk.parked = BUSY  # back when the last lease or pin goes
+            else:
+                self._unpark(chunk, now)
 
     def _next_victim(self, cls: int, now: float) -> Chunk | None:
-        for chunk in self.lru[cls].values():
-            if chunk.evictable(now):
+        """The least recently used evictable chunk of ``cls``; what it skips, it sets aside."""
+        lru = self.lru[cls]
+        while lru:
+            chunk = next(iter(lru.values()))
+            if chunk.leases or chunk.pins:
+                self._park(chunk, BUSY)
+            elif chunk.hold_until > now:
+                self._park(chunk, HELD)
+            else:
                 return chunk
         return None
 
@@ -356,13 +531,19 @@ class Store:
         return None
 
     # -- reporting --------------------------------------------------------------------------
+    def chunks_of(self, cls: int) -> Iterator[tuple[bytes, Chunk]]:
+        """Every sealed chunk of retention ``cls`` in RAM, set aside or not (read-only use)."""
+        yield from self.lru[cls].items()
+        yield from self.parked[cls].items()
+
     def chunks_by_class(self) -> dict[str, int]:
-        return {RETENTIONS[c]: len(self.lru[c]) for c in EVICTION_ORDER}
+        return {RETENTIONS[c]: len(self.lru[c]) + len(self.parked[c]) for c in EVICTION_ORDER}
 
     def snapshot(self) -> dict[str, Any]:
         return {
             **self.c,
             "chunks": len(self.index),
+            "chunks_parked": sum(len(p) for p in self.parked.values()),
             "reservations": len(self.pending),
             "arena_bytes_used": self.alloc.used,
             "arena_bytes_capacity": self.alloc.capacity,

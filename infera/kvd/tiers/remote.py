@@ -189,7 +189,7 @@ class RemoteTier(Link):
         self.chunks = 0
         self.bytes_used = 0
         n = 0
-        for ikey, chunk in self.store.lru[LONG].items():
+        for ikey, chunk in self.store.chunks_of(LONG):
             if len(self._backlog) >= BACKLOG_MAX:
                 break
             chunk.on_long = False

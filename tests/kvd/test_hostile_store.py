@@ -1,0 +1,419 @@
+"""Hostile clients against the RAM tier's index and the metrics endpoint (tests/hostile.py).
+
+Each daemon test runs a healthy client on the same daemon while another one misbehaves, and
+asserts that the healthy one is still served correct bytes within the deadline. The Store unit
+tests below pin the structure that makes refusing a write cheap.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.request
+from collections.abc import Callable
+
+import pytest
+from hostile import HealthProbe, HoldingProbe, daemon_threads, frame, hello, raw, read_reply
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers import Daemon, free_port
+from infera.kvd import metrics
+from infera.kvd import protocol as P
+from infera.kvd.arena import ALIGN, align_up
+from infera.kvd.protocol import RETENTION_CODE
+from infera.kvd.store import BUSY, HELD, Chunk, Store
+
+EPHEMERAL, SHORT, LONG = (RETENTION_CODE[r] for r in ("ephemeral", "short", "long"))
+
+# A full batch refused on an arena whose every chunk is leased or held: O(keys) is about 0.2 s
+# here (decode, 65,536 dict lookups, encode); O(keys x chunks) was minutes.
+REFUSAL_DEADLINE_S = 2.0
+REFUSAL_SOCKET_TIMEOUT_S = 10.0  # how long the test waits at all before calling it a freeze
+# Store alone: 65,536 refusals with 4,096 chunks in use (a few microseconds each).
+STORE_REFUSAL_S = 1.5
+# Metrics endpoint: what a real scrape may take while 300 idle connections sit there, and how
+# many threads the daemon may add for them (none: one thread serves every connection).
+IDLE_CONNECTIONS = 300
+SCRAPE_DEADLINE_S = 2.0
+EXTRA_THREADS = 2
+CLOSE_MARGIN_S = 3.0  # slack on top of metrics.CONN_TIMEOUT_S before an idle connection is closed
+
+
+def _rounds(probe: HealthProbe, n: int = 50, timeout: float = 10.0) -> None:
+    """Let the healthy client complete ``n`` more rounds while the hostile one is still there."""
+    want = len(probe.latencies) + n
+    deadline = time.monotonic() + timeout
+    while len(probe.latencies) < want and not probe.errors and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _stats(s: socket.socket, rid: int) -> dict:
+    s.sendall(frame({"op": "STATS", "id": rid}))
+    return read_reply(s)["stats"]
+
+
+# -- item 9: refusing when nothing can be evicted costs O(keys) ---------------------------------
+
+
+@pytest.mark.parametrize("how", ["lease", "hold"])
+def test_full_batch_on_an_arena_in_use_is_refused_at_once(
+    start_daemon: Callable[..., Daemon], how: str
+) -> None:
+    d = start_daemon("--max-bytes", "16M")
+    fill = [b"fill-%d" % i for i in range(5000)]
+    batch = [b"more-%d" % i for i in range(P.MAX_BATCH)]
+    batch_frame = frame({"op": "PUT", "id": 6, "keys": batch, "lengths": [ALIGN] * len(batch)})
+    with HoldingProbe(d.socket) as probe:
+        s = raw(d.socket, timeout=REFUSAL_SOCKET_TIMEOUT_S)
+        hello(s, namespace="hostile", name="hostile")
+        # fill what the probe left with 4 KiB chunks (~3,968 of them) ...
+        s.sendall(frame({"op": "PUT", "id": 2, "keys": fill, "lengths": [ALIGN] * len(fill)}))
+        slots = read_reply(s)["slots"]
+        tokens = [slot[0] for slot in slots if isinstance(slot, list)]
+        assert len(tokens) > 3000 and slots[-1] == "full"
+        s.sendall(frame({"op": "SEAL", "id": 3, "tokens": tokens}))
+        assert read_reply(s)["sealed"] == len(tokens)
+        # ... and make every one of them unevictable
+        mine = fill[: len(tokens)]
+        if how == "lease":
+            s.sendall(frame({"op": "GET", "id": 4, "keys": mine}))
+            assert all(item is not None for item in read_reply(s)["items"])
+        else:
+            s.sendall(frame({"op": "LOOKUP", "id": 4, "keys": mine, "hold_ms": 600_000}))
+            assert read_reply(s)["count"] == len(mine)
+        before = _stats(s, 5)
+        assert before["arena_bytes_used"] == before["arena_bytes_capacity"]
+        t0 = time.monotonic()
+        s.sendall(batch_frame)
+        reply = read_reply(s)
+        took = time.monotonic() - t0
+        assert took <= REFUSAL_DEADLINE_S, f"refusing {len(batch)} keys took {took:.2f} s"
+        assert reply["slots"] == ["full"] * len(batch)
+        after = _stats(s, 7)
+        assert after["put_rejected_full_total"] - before["put_rejected_full_total"] == len(batch)
+        # the structure: each chunk in use was set aside at most once, not once per key
+        assert after["evict_skipped_total"] <= before["chunks"]
+        assert after["chunks_parked"] <= after["chunks"]
+        _rounds(probe, 300)  # the batch stalls the loop once (~0.1 s): p99 is over many rounds
+        s.close()
+    probe.assert_healthy()
+
+
+# -- item 13: a PUT reserves all its keys or none ----------------------------------------------
+
+
+def test_put_with_a_bad_length_reserves_nothing(daemon: Daemon) -> None:
+    with HealthProbe(daemon.socket) as probe:
+        s = raw(daemon.socket)
+        hello(s, namespace="shared", name="hostile")
+        s.sendall(frame({"op": "PUT", "id": 2, "keys": [b"a", b"b", b"c"], "lengths": [ALIGN, ALIGN, -5]}))
+        reply = read_reply(s)
+        assert reply["ok"] is False and reply["error"] == "bad_request"
+        # a length larger than the arena is a slot, not an error; the rest of the PUT stands
+        s.sendall(frame({"op": "PUT", "id": 3, "keys": [b"big", b"small"], "lengths": [1 << 40, 10]}))
+        slots = read_reply(s)["slots"]
+        assert slots[0] == "too_large" and isinstance(slots[1], list)
+        s.sendall(frame({"op": "ABORT", "id": 4, "tokens": [slots[1][0]]}))
+        assert read_reply(s)["aborted"] == 1
+        # the hostile connection stays open; the keys it tried are free for everyone
+        with daemon.client(namespace="shared") as other:
+            assert other.put_many([(b"a", b"A" * ALIGN), (b"b", b"B" * ALIGN)]) == [True, True]
+            assert other.get(b"a") == b"A" * ALIGN and other.get(b"b") == b"B" * ALIGN
+            (mine,) = [c for c in other.stats()["clients"] if c["name"] == "hostile"]
+            assert mine["reservations"] == 0
+        s.sendall(frame({"op": "PING", "id": 5}))
+        assert read_reply(s)["pong"] is True
+        _rounds(probe)
+        s.close()
+    probe.assert_healthy()
+
+
+# -- item 16: idle scrapers cost no threads and cannot lock a real scrape out -------------------
+
+
+def test_idle_metrics_connections_are_bounded(start_daemon: Callable[..., Daemon]) -> None:
+    port = free_port()
+    d = start_daemon("--max-bytes", "64M", "--metrics-port", str(port))
+    with HealthProbe(d.socket) as probe:
+        base = daemon_threads(d.pid)
+        opened = time.monotonic()
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(IDLE_CONNECTIONS)]
+        time.sleep(0.3)
+        threads = daemon_threads(d.pid)
+        assert threads <= base + EXTRA_THREADS, f"{threads} threads with idle scrapers (was {base})"
+        t0 = time.monotonic()
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=SCRAPE_DEADLINE_S).read()
+        assert time.monotonic() - t0 <= SCRAPE_DEADLINE_S
+        assert b"# TYPE kvd_sets_total counter" in body
+        over_cap = int(body.split(b"\nkvd_metrics_closed_over_cap_total ")[1].split()[0])
+        assert over_cap >= IDLE_CONNECTIONS - metrics.MAX_CONNECTIONS
+        # every idle connection is closed by the daemon: the oldest at once (over the cap), the
+        # rest when their time is up
+        deadline = opened + metrics.CONN_TIMEOUT_S + CLOSE_MARGIN_S
+        for conn in idle:
+            conn.settimeout(max(0.05, deadline - time.monotonic()))
+            try:
+                assert conn.recv(1) == b""
+            except ConnectionResetError:
+                pass
+            conn.close()
+        assert daemon_threads(d.pid) <= base + EXTRA_THREADS
+    probe.assert_healthy()
+
+
+def test_metrics_replies_to_a_client_that_shuts_its_side(start_daemon: Callable[..., Daemon]) -> None:
+    port = free_port()
+    d = start_daemon("--max-bytes", "8M", "--metrics-port", str(port))
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        s.shutdown(socket.SHUT_WR)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.0 200 OK") and b"kvd_chunks " in data
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"GET /nope HTTP/1.0\r\n\r\n")
+        assert s.recv(65536).startswith(b"HTTP/1.0 404")
+    assert d.alive()
+
+
+# -- Store units -----------------------------------------------------------------------------------
+
+
+def _sealed(store: Store, name: bytes, retention: int = SHORT, size: int = ALIGN) -> Chunk:
+    res = store.reserve(Store.ikey(0, name), size, retention)
+    assert res.chunk is not None, res.error
+    store.seal(res.chunk)
+    return res.chunk
+
+
+def _fill_all(store: Store, retention: int = SHORT) -> list[Chunk]:
+    out = []
+    while store.alloc.free_bytes >= ALIGN:
+        out.append(_sealed(store, b"f%d" % len(out), retention))
+    return out
+
+
+@pytest.mark.parametrize("how", ["lease", "hold", "pin"])
+def test_store_refusal_sets_each_chunk_in_use_aside_once(how: str) -> None:
+    store = Store(16 << 20)
+    chunks = _fill_all(store)
+    for chunk in chunks:
+        if how == "lease":
+            store.lease(chunk)
+        elif how == "hold":
+            store.hold(chunk, 600)
+        else:
+            chunk.pins += 1  # the way the tiers pin
+    keys = [Store.ikey(1, b"k%d" % i) for i in range(P.MAX_BATCH)]
+    t0 = time.monotonic()
+    results = store.reserve_many(keys, [ALIGN] * len(keys), LONG)
+    assert time.monotonic() - t0 <= STORE_REFUSAL_S
+    assert [r.error for r in results] == ["full"] * len(keys)
+    assert store.c["evict_skipped_total"] == len(chunks)
+    assert sum(len(p) for p in store.parked.values()) == len(chunks)
+    # one at a time, outside a batch: still no rescan
+    for key in keys[:1000]:
+        assert store.reserve(key, ALIGN, LONG).error == "full"
+    assert store.c["evict_skipped_total"] == len(chunks)
+    assert store.chunks_by_class()["short"] == len(chunks) == len(list(store.chunks_of(SHORT)))
+
+
+def test_store_released_chunks_come_back_at_the_mru_end() -> None:
+    store = Store(4 * ALIGN)
+    a, b, c, d = (_sealed(store, n) for n in (b"a", b"b", b"c", b"d"))
+    for chunk in (a, b, c, d):
+        store.lease(chunk)
+    assert store.reserve(Store.ikey(0, b"x"), ALIGN, SHORT).error == "full"
+    assert all(ch.parked == BUSY for ch in (a, b, c, d))
+    store.release(c)
+    store.release(a)  # released after c: more recent
+    evicted = []
+    for name in (b"x", b"y"):
+        before = set(store.index)
+        res = store.reserve(Store.ikey(0, name), ALIGN, SHORT)
+        assert res.chunk is not None
+        evicted += [k[2:] for k in before - set(store.index)]
+    assert evicted == [b"c", b"a"]
+    assert store.reserve(Store.ikey(0, b"z"), ALIGN, SHORT).error == "full"
+
+
+def test_store_held_chunks_come_back_when_the_hold_passes() -> None:
+    now = [100.0]
+    store = Store(2 * ALIGN, clock=lambda: now[0])
+    a, b = _sealed(store, b"a"), _sealed(store, b"b")
+    assert store.count_present([a.ikey, b.ikey], hold_s=10) == (2, 2)
+    assert store.reserve(Store.ikey(0, b"x"), ALIGN, SHORT).error == "full"
+    assert a.parked == HELD and b.parked == HELD
+    now[0] += 5
+    assert store.count_present([b.ikey], hold_s=10) == (1, 1)  # b's hold renewed while parked
+    now[0] += 6  # a's hold has passed, b's has not
+    res = store.reserve(Store.ikey(0, b"x"), ALIGN, SHORT)
+    assert res.chunk is not None and a.ikey not in store.index and b.ikey in store.index
+    store.seal(res.chunk)
+    assert store.reserve(Store.ikey(0, b"y"), ALIGN, SHORT).chunk is not None  # x was evictable
+    assert b.ikey in store.index
+    now[0] += 10
+    store.lease(b)  # the hold passes while b is leased: back only when the lease goes
+    store.sweep()
+    assert b.parked == BUSY
+    store.release(b)
+    assert b.parked == 0 and b.ikey in store.lru[SHORT]
+
+
+def test_store_pinned_chunk_comes_back_on_unpin() -> None:
+    store = Store(2 * ALIGN)
+    a, b = _sealed(store, b"a", LONG), _sealed(store, b"b", LONG)
+    a.pins += 1
+    b.pins += 1
+    assert store.reserve(Store.ikey(0, b"x"), ALIGN, LONG).error == "full"
+    store.unpin(b)
+    assert store.reserve(Store.ikey(0, b"x"), ALIGN, LONG).chunk is not None
+    assert b.ikey not in store.index and a.ikey in store.index
+
+
+def test_store_ephemeral_expired_while_leased_goes_when_released() -> None:
+    now = [0.0]
+    store = Store(4 * ALIGN, ephemeral_ttl=10, clock=lambda: now[0])
+    e = _sealed(store, b"e", EPHEMERAL)
+    f = _sealed(store, b"f", EPHEMERAL)
+    store.lease(e)
+    now[0] += 11
+    assert store.sweep() == 1  # f; e is in use
+    assert f.ikey not in store.index and e.ikey in store.index and e.parked == BUSY
+    store.release(e)
+    assert e.ikey not in store.index and store.c["expired_total"] == 2 and store.alloc.used == 0
+
+
+def test_store_sweep_expires_from_the_front_of_the_seal_order() -> None:
+    now = [0.0]
+    store = Store(1 << 20, ephemeral_ttl=10, clock=lambda: now[0])
+    chunks = []
+    for i in range(200):
+        chunks.append(_sealed(store, b"e%d" % i, EPHEMERAL))
+        now[0] += 1
+    store.touch(chunks[0])  # access does not extend an ephemeral chunk's life
+    now[0] = 10.0
+    assert store.sweep() == 1
+    now[0] = 59.0
+    assert store.sweep() == 49 and len(store._by_expiry) == 150
+    assert chunks[50].ikey in store.index and chunks[49].ikey not in store.index
+
+
+def test_store_reserve_many_rolls_back_when_something_raises() -> None:
+    store = Store(4 * ALIGN)
+    _sealed(store, b"old")
+    used = store.alloc.used
+
+    def boom(chunk: Chunk, reason: str) -> None:
+        raise RuntimeError("a tier hook failed")
+
+    store.on_drop = boom
+    keys = [Store.ikey(0, b"n%d" % i) for i in range(4)]  # the 4th needs an eviction: boom
+    with pytest.raises(RuntimeError):
+        store.reserve_many(keys, [ALIGN] * 4, SHORT)
+    assert not store.pending and store.alloc.used == used
+    assert store.c["put_rolled_back_total"] == 3
+    store.on_drop = None
+    assert all(r.chunk is not None for r in store.reserve_many(keys[:3], [ALIGN] * 3, SHORT))
+
+
+def test_store_reserve_many_fails_fast_only_for_sizes_that_cannot_fit() -> None:
+    store = Store(3 * ALIGN)
+    a = _sealed(store, b"a")
+    store.lease(a)
+    lengths = [3 * ALIGN, ALIGN, 2 * ALIGN, ALIGN, ALIGN, 5 * ALIGN]
+    keys = [Store.ikey(0, b"k%d" % i) for i in range(len(lengths))]
+    got = [r.error or "ok" for r in store.reserve_many(keys, lengths, SHORT)]
+    assert got == ["full", "ok", "full", "ok", "full", "too_large"]
+    assert store.reserve(Store.ikey(0, b"later"), ALIGN, SHORT).error == "full"
+    assert store.c["put_rejected_full_total"] == 4
+    # nothing refused yet: even the largest chunk that fits is tried
+    empty = Store(3 * ALIGN)
+    (res,) = empty.reserve_many([Store.ikey(0, b"all")], [3 * ALIGN - 1], SHORT)
+    assert res.chunk is not None
+
+
+# A random model: whatever clients do, every indexed chunk sits in exactly one queue of its
+# class, the arena's bytes add up, and "full" means nothing evictable was left.
+_ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("put"), st.integers(0, 11), st.integers(1, 3), st.sampled_from([EPHEMERAL, SHORT, LONG])
+        ),
+        st.tuples(st.just("lease"), st.integers(0, 11)),
+        st.tuples(st.just("release"), st.integers(0, 50)),
+        st.tuples(st.just("pin"), st.integers(0, 11)),
+        st.tuples(st.just("unpin"), st.integers(0, 50)),
+        st.tuples(st.just("lookup"), st.integers(0, 11), st.integers(0, 30)),
+        st.tuples(st.just("delete"), st.integers(0, 11)),
+        st.tuples(st.just("tick"), st.integers(1, 20)),
+        st.tuples(st.just("batch"), st.integers(0, 11), st.integers(1, 12)),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ops)
+def test_store_model(ops: list[tuple]) -> None:
+    now = [0.0]
+    store = Store(8 * ALIGN, ephemeral_ttl=15, clock=lambda: now[0])
+    leased: list[Chunk] = []
+    pinned: list[Chunk] = []
+    key = lambda i: Store.ikey(0, b"k%d" % i)  # noqa: E731
+
+    def check(full: bool) -> None:
+        t = now[0]
+        for ikey, chunk in store.index.items():
+            home = store.lru[chunk.retention] if not chunk.parked else store.parked[chunk.retention]
+            assert chunk.home is home and home.get(ikey) is chunk
+            if chunk.parked == BUSY:
+                assert chunk.leases or chunk.pins
+            if full:
+                assert not chunk.evictable(t), "refused full with an evictable chunk in RAM"
+        assert sum(len(q) for q in store.lru.values()) + sum(len(q) for q in store.parked.values()) == len(
+            store.index
+        )
+        live = {id(c): c for c in [*store.index.values(), *store.pending.values(), *leased, *pinned]}
+        assert store.alloc.used == sum(align_up(max(c.length, 1)) for c in live.values())
+
+    for op in ops:
+        if op[0] in ("put", "batch"):
+            if op[0] == "put":
+                results = [store.reserve(key(op[1]), op[2] * ALIGN, op[3], overwrite=True)]
+            else:
+                keys = [key((op[1] + j) % 12) for j in range(op[2])]
+                results = store.reserve_many(keys, [ALIGN] * len(keys), SHORT, overwrite=True)
+            check(full=any(r.error == "full" for r in results))
+            for r in results:
+                if r.chunk is not None:
+                    store.seal(r.chunk)
+        elif op[0] in ("lease", "pin"):
+            chunk = store.find(key(op[1]))
+            if chunk is not None:
+                if op[0] == "lease":
+                    store.lease(chunk)
+                    leased.append(chunk)
+                else:
+                    chunk.pins += 1
+                    pinned.append(chunk)
+        elif op[0] == "release" and leased:
+            store.release(leased.pop(op[1] % len(leased)))
+        elif op[0] == "unpin" and pinned:
+            store.unpin(pinned.pop(op[1] % len(pinned)))
+        elif op[0] == "lookup":
+            store.count_present([key(op[1])], hold_s=float(op[2]))
+        elif op[0] == "delete":
+            store.delete([key(op[1])])
+        elif op[0] == "tick":
+            now[0] += op[1]
+            store.sweep()
+        check(full=False)
+    for chunk in leased:
+        store.release(chunk)
+    for chunk in pinned:
+        store.unpin(chunk)
+    store.delete(list(store.index))
+    assert store.alloc.used == 0 and not any(store.parked.values())
