@@ -207,12 +207,12 @@ def probe(api: Any, root: Path, torch: Any, dev: Any) -> dict[str, Any]:
 def worker_round_trip(root: Path, dev: Any, fake: bool) -> dict[str, Any]:
     import torch
 
-    from helpers import Daemon  # tests/helpers.py: a real daemon process
     from infera.engine.vllm.config import ConnectorEnv
     from infera.engine.vllm.keys import EngineFacts, make_namespace
     from infera.engine.vllm.link import DaemonLink
     from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
     from infera.engine.vllm.worker import WorkerHalf
+    from infera.kvd.process import DaemonProcess
 
     L, H, N, D, B = 8, 8, 16, 128, 256
     facts = EngineFacts(
@@ -223,7 +223,7 @@ def worker_round_trip(root: Path, dev: Any, fake: bool) -> dict[str, Any]:
     )  # fmt: skip
     ns = make_namespace(facts, 4 * N)  # 4 blocks per chunk: 8 MiB chunks
     tmp = Path(tempfile.mkdtemp(prefix="kvd-gdw-", dir="/tmp"))
-    d = Daemon(
+    d = DaemonProcess(
         str(tmp / "kvd.sock"),
         ["--max-bytes", "1G", "--long-path", str(root), "--long-bytes", "4G"],
         tmp / "kvd.log",

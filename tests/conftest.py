@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import Daemon
+from infera.kvd.process import DaemonProcess
 
 
 @pytest.fixture
@@ -22,13 +22,13 @@ def short_tmp() -> Iterator[Path]:
 
 
 @pytest.fixture
-def start_daemon(short_tmp: Path) -> Iterator[Callable[..., Daemon]]:
+def start_daemon(short_tmp: Path) -> Iterator[Callable[..., DaemonProcess]]:
     """Factory: ``start_daemon("--max-bytes", "64M", name="a")`` starts a real daemon process."""
-    started: list[Daemon] = []
+    started: list[DaemonProcess] = []
 
-    def _start(*args: str, name: str = "kvd", env: dict[str, str] | None = None) -> Daemon:
+    def _start(*args: str, name: str = "kvd", env: dict[str, str] | None = None) -> DaemonProcess:
         sock = str(short_tmp / f"{name}.sock")
-        d = Daemon(sock, list(args) or ["--max-bytes", "64M"], short_tmp / f"{name}.log", env=env)
+        d = DaemonProcess(sock, list(args) or ["--max-bytes", "64M"], short_tmp / f"{name}.log", env=env)
         started.append(d)
         return d.start()
 
@@ -38,6 +38,6 @@ def start_daemon(short_tmp: Path) -> Iterator[Callable[..., Daemon]]:
 
 
 @pytest.fixture
-def daemon(start_daemon: Callable[..., Daemon]) -> Daemon:
+def daemon(start_daemon: Callable[..., DaemonProcess]) -> DaemonProcess:
     """One real daemon with a 64 MiB arena on a temporary socket."""
     return start_daemon("--max-bytes", "64M")

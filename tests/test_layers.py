@@ -43,6 +43,7 @@ LAYERS: dict[str, str] = {
     # the shared table of daemon flags: `kvd serve`, launch, lint and doctor derive from it
     "infera.kvd.flags": "contract",
     "infera.kvd.flagopts": "contract",  # the table as Typer options
+    "infera.kvd.process": "contract",  # start a daemon process and wait for it (demo, bench, tests)
     # daemon: the runtime behind the socket
     "infera.kvd.*": "daemon",
     # connector: the vLLM halves, layouts, keys, GPU path, engine entry

@@ -1,62 +1,17 @@
-"""Helpers shared by the benchmarks: a throwaway daemon, timing, and the result table."""
+"""Helpers shared by the benchmarks: a throwaway daemon (:func:`infera.kvd.process.temp_daemon`),
+timing, and the result table."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-from infera.errors import KvdError
+from infera.kvd.process import temp_daemon
 
-
-@contextlib.contextmanager
-def temp_daemon(*args: str, timeout: float = 20.0) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """Run ``python -m infera.kvd`` on a temporary socket for the duration of the block."""
-    from infera.kvd.client import KvdClient, KvdClientError
-
-    tmp = tempfile.mkdtemp(prefix="kvd-bench-", dir="/tmp")
-    sock = os.path.join(tmp, "kvd.sock")
-    log = open(os.path.join(tmp, "daemon.log"), "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "infera.kvd", "--socket", sock, "--log-level", "warning", *args],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise KvdError(
-                    "benchmark daemon exited at start: "
-                    + Path(tmp, "daemon.log").read_text(errors="replace").strip()[-500:]
-                )
-            try:
-                with KvdClient(sock, want_arena=False, timeout=2.0) as c:
-                    c.ping()
-                break
-            except KvdClientError:
-                if time.monotonic() > deadline:
-                    raise KvdError("benchmark daemon did not start in time") from None
-                time.sleep(0.02)
-        yield sock, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        log.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+__all__ = ["best_of", "machine_line", "median_us", "rss_anon_bytes", "temp_daemon"]
 
 
 def median_us(fn: Callable[[], Any], n: int, warmup: int = 20) -> float:

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -144,50 +143,40 @@ def _kvd_files(root: str, count: int, size: int) -> list[bytes]:
     return keys
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _kvd_restart(work: Path, count: int, size: int) -> dict[str, Any]:
     """Seconds from spawning the daemon to the first GET that returns a chunk from disk, and to
     the loaded index."""
     from infera.kvd.client import KvdClient, KvdClientError
+    from infera.kvd.process import DaemonProcess
 
     root = work / "kvd-tier"
     keys = _kvd_files(str(root), count, size)
     os.sync()
     sock = str(work / "kvd.sock")
-    args = [sys.executable, "-m", "infera.kvd", "--socket", sock, "--log-level", "warning"]
-    args += ["--max-bytes", "256M", "--long-path", str(root), "--long-bytes", "1T"]
-    with open(work / "kvd.log", "wb") as log:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            first = ready = None
-            deadline = time.monotonic() + 120
-            while first is None:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise KvdError("kvd daemon did not serve: " + _tail((work / "kvd.log").read_text()))
-                try:
-                    with KvdClient(sock, namespace=NS, name="bench-restart", timeout=5) as c:
-                        got = c.get(keys[-1])
-                        if got is not None and len(got) == size:
-                            first = time.perf_counter() - t0
-                            while c.stats()["tiers"]["long"]["state"] == "loading":
-                                if time.monotonic() > deadline:
-                                    raise KvdError("kvd index did not load in 120 s")
-                                time.sleep(0.005)
-                            ready = time.perf_counter() - t0
-                except KvdClientError:
-                    time.sleep(0.002)
-        finally:
-            _stop(proc)
+    args = ["--max-bytes", "256M", "--long-path", str(root), "--long-bytes", "1T"]
+    daemon = DaemonProcess(sock, args, work / "kvd.log", log_level="warning", label="the kvd daemon")
+    t0 = time.perf_counter()
+    daemon.spawn()  # timed from the spawn to the first hit, so not start(): it waits for PING
+    try:
+        first = ready = None
+        deadline = time.monotonic() + 120
+        while first is None:
+            if not daemon.alive() or time.monotonic() > deadline:
+                raise KvdError("kvd daemon did not serve: " + _tail(daemon.log()))
+            try:
+                with KvdClient(sock, namespace=NS, name="bench-restart", timeout=5) as c:
+                    got = c.get(keys[-1])
+                    if got is not None and len(got) == size:
+                        first = time.perf_counter() - t0
+                        while c.stats()["tiers"]["long"]["state"] == "loading":
+                            if time.monotonic() > deadline:
+                                raise KvdError("kvd index did not load in 120 s")
+                            time.sleep(0.005)
+                        ready = time.perf_counter() - t0
+            except KvdClientError:
+                time.sleep(0.002)
+    finally:
+        daemon.stop(timeout=15)
     shutil.rmtree(root, ignore_errors=True)
     return {"first_hit_s": first, "ready_s": ready}
 

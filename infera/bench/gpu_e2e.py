@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from infera.errors import KvdError, UsageError
+from infera.kvd.process import DaemonProcess
 
 LLAMA_8B = {
     "architectures": ["LlamaForCausalLM"],
@@ -110,48 +110,6 @@ def build_check_model(path: Path, small: bool) -> dict[str, Any]:
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
     return json.loads((path / "config.json").read_text())
-
-
-class Daemon:
-    """The benchmark's daemon: stopped and started again on the same socket and long path."""
-
-    def __init__(self, python: str, workdir: Path, args: list[str]) -> None:
-        self.python = python
-        self.socket = str(workdir / "kvd.sock")
-        self.args = args
-        self.log_path = workdir / "daemon.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 60.0) -> None:
-        from infera.kvd.client import KvdClient, KvdClientError
-
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
-        self.proc = subprocess.Popen(
-            [self.python, "-m", "infera.kvd", "--socket", self.socket, "--log-level", "info", *self.args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise KvdError("the benchmark daemon exited: " + self.log_path.read_text()[-800:])
-            try:
-                with KvdClient(self.socket, want_arena=False, timeout=2) as c:
-                    c.ping()
-                return
-            except KvdClientError:
-                if time.monotonic() > deadline:
-                    raise KvdError("the benchmark daemon did not start in time") from None
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.proc = None
 
 
 def drop_page_cache(root: Path) -> str:
@@ -435,10 +393,13 @@ def _run(
     need = sum((repeat + 2) * n * m["bytes_per_token"] for m in models for n in m["sizes"])
     arena = int(need * 1.3) + (1 << 30)
     long_path = workdir / "long"
-    daemon = Daemon(
-        python,
-        workdir,
+    daemon = DaemonProcess(
+        str(workdir / "kvd.sock"),
         ["--max-bytes", str(arena), "--long-path", str(long_path), "--long-bytes", str(int(arena * 1.5))],
+        workdir / "daemon.log",
+        python=python,
+        log_level="info",
+        label="the benchmark daemon",
     )
     spec = {
         "models": models,
@@ -460,13 +421,13 @@ def _run(
     }
     records: list[dict[str, Any]] = []
     notes: dict[str, Any] = {}
-    daemon.start()
+    daemon.start(timeout=60)
 
     def restart() -> str:
         t = time.monotonic()
-        daemon.stop()
+        daemon.stop(timeout=120)
         how = drop_page_cache(long_path)
-        daemon.start()
+        daemon.start(timeout=60)
         notes["restart"] = {"page_cache": how, "seconds": round(time.monotonic() - t, 1)}
         return how
 
@@ -477,7 +438,7 @@ def _run(
                 python, spec_path, role, env, logdir, timeout, restart if role == "kvd-b" else None
             )
     finally:
-        daemon.stop()
+        daemon.stop(timeout=120)
         shutil.copy(daemon.log_path, logdir / "daemon.log") if logdir != workdir else None
     summary = summarize(records, models, ceiling)
     summary.update(

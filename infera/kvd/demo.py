@@ -16,10 +16,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from infera.errors import KvdError
+from infera.kvd.process import DaemonProcess
 from infera.units import format_size, parse_size
 
 
@@ -78,41 +78,6 @@ def _run_worker(role: str, sock: str, chunks: int, size: int) -> dict[str, Any]:
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-class _DemoDaemon:
-    """The demo's daemon process: started, restarted and stopped by the demo."""
-
-    def __init__(self, cmd: list[str], sock: str, log_path: str) -> None:
-        self.cmd, self.sock, self.log_path = cmd, sock, log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        from infera.kvd.client import KvdClient, KvdClientError
-
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 20
-        while True:
-            if self.proc.poll() is not None:
-                tail = Path(self.log_path).read_text(errors="replace")[-400:]
-                raise KvdError("the demo daemon exited: " + tail)
-            try:
-                with KvdClient(self.sock, want_arena=False, timeout=2) as c:
-                    c.ping()
-                return
-            except KvdClientError:
-                if time.monotonic() > deadline:
-                    raise KvdError("the demo daemon did not come up in 20 s") from None
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-
 def _read_line(r: dict[str, Any], chunks: int) -> str:
     style = "green" if r["verified"] == chunks else "red"
     return (
@@ -138,15 +103,13 @@ def run_demo(chunks: int, chunk_size: str, keep: bool = False) -> int:
     tmp = tempfile.mkdtemp(prefix="kvd-demo-", dir="/tmp")
     sock = os.path.join(tmp, "kvd.sock")
     long_path = os.path.join(tmp, "long")
-    cmd = [sys.executable, "-m", "infera.kvd", "--socket", sock, "--max-bytes", f"{arena >> 20}M"]
-    cmd += ["--long-path", long_path, "--long-bytes", f"{disk >> 20}M"]
-    daemon = _DemoDaemon(cmd, sock, os.path.join(tmp, "daemon.log"))
-    console.print(f"[bold]1.[/] starting a kvd daemon: [cyan]python {' '.join(cmd[1:])}[/]")
+    args = ["--max-bytes", f"{arena >> 20}M", "--long-path", long_path, "--long-bytes", f"{disk >> 20}M"]
+    daemon = DaemonProcess(sock, args, os.path.join(tmp, "daemon.log"), label="the demo daemon")
+    console.print(f"[bold]1.[/] starting a kvd daemon: [cyan]python {' '.join(daemon.argv[1:])}[/]")
     try:
-        daemon.start()
-        assert daemon.proc is not None
+        daemon.start(timeout=20)
         console.print(
-            f"   daemon pid {daemon.proc.pid} on {sock}: a {format_size(arena)} RAM arena and a "
+            f"   daemon pid {daemon.pid} on {sock}: a {format_size(arena)} RAM arena and a "
             f"{format_size(disk)} disk tier in {long_path}"
         )
         with console.status(f"[bold]2.[/] writer process storing {chunks} chunks of {format_size(size)}..."):
@@ -159,10 +122,8 @@ def run_demo(chunks: int, chunk_size: str, keep: bool = False) -> int:
             r = _run_worker("reader", sock, chunks, size)
         console.print(f"[bold]3.[/] {_read_line(r, chunks)}")
         with console.status("[bold]4.[/] restarting the daemon (its RAM is gone; the disk tier stays)..."):
-            daemon.stop()
-            daemon.start()
-        assert daemon.proc is not None
-        console.print(f"[bold]4.[/] daemon restarted (pid {daemon.proc.pid}): its RAM tier starts empty")
+            daemon.restart(timeout=20, stop_timeout=30)
+        console.print(f"[bold]4.[/] daemon restarted (pid {daemon.pid}): its RAM tier starts empty")
         with console.status("[bold]5.[/] a new reader process after the restart..."):
             r2 = _run_worker("reader", sock, chunks, size)
         console.print(f"[bold]5.[/] {_read_line(r2, chunks)}, served from disk")
@@ -189,11 +150,11 @@ def run_demo(chunks: int, chunk_size: str, keep: bool = False) -> int:
         else:
             console.print("[red]demo found a problem[/]: see the counters above.")
         if keep:
-            console.print(f"daemon left running (pid {daemon.proc.pid}); try: kvd stat --socket {sock}")
+            console.print(f"daemon left running (pid {daemon.pid}); try: kvd stat --socket {sock}")
         return 0 if ok else 1
     finally:
         if not keep:
-            daemon.stop()
+            daemon.stop(timeout=30)
             shutil.rmtree(tmp, ignore_errors=True)
             console.print("[bold]7.[/] daemon stopped and temporary files removed.")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Daemon, free_port, wait_for_socket
+from helpers import Daemon, free_port
 from infera.kvd.client import KvdClient, KvdProtocolError, KvdUnavailable, KvdUnsupported
 
 WORKER = str(Path(__file__).with_name("worker.py"))
@@ -295,15 +295,10 @@ def test_none_retention_stores_nothing(daemon: Daemon) -> None:
 
 
 def test_daemon_starts_from_the_kvd_cli(short_tmp: Path) -> None:
-    sock = str(short_tmp / "cli.sock")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "infera.cli", "serve", "--socket", sock, "--max-bytes", "8M"]
-    )
-    try:
-        wait_for_socket(sock, proc=None)
-    finally:
-        proc.terminate()
-        assert proc.wait(10) == 0
+    cli = [sys.executable, "-m", "infera.cli", "serve"]
+    d = Daemon(str(short_tmp / "cli.sock"), ["--max-bytes", "8M"], short_tmp / "cli.log", command=cli)
+    d.start()
+    assert d.stop() == 0
 
 
 def test_demo_runs_end_to_end() -> None:
