@@ -46,7 +46,7 @@ def main() -> int:
 
     import torch
 
-    from infera.engine.vllm import gpudirect as gd
+    from infera.engine.vllm.worker.gpu import gpudirect as gd
     from infera.kvd import chunkfile as cf
 
     if args.fake:
@@ -211,7 +211,7 @@ def worker_round_trip(root: Path, dev: Any, fake: bool) -> dict[str, Any]:
     from infera.engine.vllm.keys import EngineFacts, make_namespace
     from infera.engine.vllm.link import DaemonLink
     from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
-    from infera.engine.vllm.worker import WorkerHalf
+    from infera.engine.vllm.worker.half import WorkerHalf
     from infera.kvd.process import DaemonProcess
 
     L, H, N, D, B = 8, 8, 16, 128, 256

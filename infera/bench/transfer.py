@@ -4,7 +4,7 @@ No vLLM needed. For each model shape (Llama-3.1-8B on one GPU, a 70B-class model
 at TP4, a DeepSeek-V3-style MLA latent), KV dtype (bf16, fp8 stored as uint8) and layout (vLLM
 0.26 FlashAttention: one ``[B, H, N, 2D]`` tensor per layer, physically ``[B, N, H, 2D]``;
 vLLM 0.29+: per-layer views of one buffer; MLA ``[B, N, 576]`` / ``[B, 1, N, 576]``), a real
-:class:`~infera.engine.vllm.worker.WorkerHalf` saves a prompt's worth of blocks (default 16k
+:class:`~infera.engine.vllm.worker.half.WorkerHalf` saves a prompt's worth of blocks (default 16k
 tokens) into a real daemon on this machine and loads them back into other blocks, for several
 chunk sizes. Every load is verified byte for byte against the blocks it came from.
 
@@ -152,7 +152,7 @@ def run_case(
     from infera.engine.vllm.keys import make_namespace
     from infera.engine.vllm.link import DaemonLink
     from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
-    from infera.engine.vllm.worker import WorkerHalf
+    from infera.engine.vllm.worker.half import WorkerHalf
 
     elem = 2 if dtype == "bf16" else 1
     bpt = shape.bytes_per_token(elem)

@@ -127,7 +127,7 @@ def wsum31(data: Buffer) -> int:
     """Checksum id 3 (docs/chunk-format.md): the payload as little-endian 16-bit words ``h_i``
     (a zero byte pads an odd length), ``S1 = sum(h_i)`` and ``S2 = sum((i + 1) * h_i)``, both mod
     2^31 - 1, packed as ``S1 << 32 | S2``. Every product and partial sum fits in 64 bits, so the
-    GPU (torch, ``infera.engine.vllm.gpudirect``) and the CPU (numpy here) agree exactly."""
+    GPU (torch, ``infera.engine.vllm.worker.gpu.gpudirect``) and the CPU (numpy here) agree exactly."""
     view = memoryview(data).cast("B")
     if view.nbytes % 2:
         view = memoryview(bytes(view) + b"\0")

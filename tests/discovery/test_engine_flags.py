@@ -1,4 +1,4 @@
-"""The entry point's P/D flags (``infera.engine.vllm.discovery``) without vLLM: validation, the
+"""The entry point's P/D flags (``infera.engine.vllm.api.discovery``) without vLLM: validation, the
 advertised address, and the record built from the command line."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from infera.discovery.record import build_record
-from infera.engine.vllm import discovery
+from infera.engine.vllm.api import discovery
 from infera.errors import UsageError
 
 PREFILL_KTC = json.dumps(

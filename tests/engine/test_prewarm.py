@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from infera.engine.vllm.prewarm import PrewarmError, check_prompt, prewarm, prompt_limits
+from infera.engine.vllm.api.prewarm import PrewarmError, check_prompt, prewarm, prompt_limits
 
 
 class FakeModelConfig:

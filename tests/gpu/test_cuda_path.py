@@ -19,13 +19,13 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA/ROCm device", allow_module_level=True)
 
 from infera.engine.vllm.config import ConnectorEnv  # noqa: E402
-from infera.engine.vllm.gpu import ArenaPin, GpuCopier, LoadItem, SaveItem  # noqa: E402
-from infera.engine.vllm.gpudirect import gpu_wsum31  # noqa: E402
 from infera.engine.vllm.keys import EngineFacts, make_namespace  # noqa: E402
-from infera.engine.vllm.layout import KVLayout  # noqa: E402
 from infera.engine.vllm.link import DaemonLink  # noqa: E402
 from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob  # noqa: E402
-from infera.engine.vllm.worker import WorkerHalf  # noqa: E402
+from infera.engine.vllm.worker.gpu.copier import ArenaPin, GpuCopier, LoadItem, SaveItem  # noqa: E402
+from infera.engine.vllm.worker.gpu.gpudirect import gpu_wsum31  # noqa: E402
+from infera.engine.vllm.worker.half import WorkerHalf  # noqa: E402
+from infera.engine.vllm.worker.layout import KVLayout  # noqa: E402
 from infera.kvd import chunkfile as cf  # noqa: E402
 
 DEV = torch.device("cuda")

@@ -40,7 +40,7 @@ def _counters(llm: Any) -> dict[str, float]:
 
 
 def _chunk_keys(llm: Any, prompt: list[int]) -> tuple[Any, list[bytes]]:
-    from infera.engine.vllm.prewarm import prompt_keys
+    from infera.engine.vllm.api.prewarm import prompt_keys
 
     ns, keys, _chunks = prompt_keys(llm.llm_engine.vllm_config, prompt)
     return ns, keys

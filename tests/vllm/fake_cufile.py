@@ -1,6 +1,6 @@
 """A stand-in for libcufile / libhipfile: the same C functions, done with POSIX I/O on host memory.
 
-The binding (``infera.engine.vllm.gpudirect.FileApi``) sets ``restype``/``argtypes`` on each
+The binding (``infera.engine.vllm.worker.gpu.gpudirect.FileApi``) sets ``restype``/``argtypes`` on each
 function and calls it with ctypes arguments; these Python functions accept exactly that, record
 every call, and move bytes between the registered file descriptor and the "device" pointer (a
 CPU tensor's address here). O_DIRECT descriptors need aligned buffers, so reads and writes go
@@ -14,7 +14,7 @@ import mmap
 import os
 from typing import Any
 
-from infera.engine.vllm.gpudirect import _Err
+from infera.engine.vllm.worker.gpu.gpudirect import _Err
 
 
 def _aligned(n: int) -> mmap.mmap:

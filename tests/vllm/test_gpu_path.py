@@ -18,14 +18,22 @@ from typing import Any
 import pytest
 import torch
 
-from infera.engine.vllm import gpu_kernel
 from infera.engine.vllm.config import ConnectorEnv, parse_copy_kernel
-from infera.engine.vllm.gpu import ArenaPin, Completer, GpuCopier, HostOps, LoadItem, SaveItem, _dma_runs
 from infera.engine.vllm.keys import EngineFacts, make_namespace
-from infera.engine.vllm.layout import KVLayout, LayoutError
 from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
-from infera.engine.vllm.worker import WorkerHalf
+from infera.engine.vllm.worker.gpu import kernel as gpu_kernel
+from infera.engine.vllm.worker.gpu.copier import (
+    ArenaPin,
+    Completer,
+    GpuCopier,
+    HostOps,
+    LoadItem,
+    SaveItem,
+    _dma_runs,
+)
+from infera.engine.vllm.worker.half import WorkerHalf
+from infera.engine.vllm.worker.layout import KVLayout, LayoutError
 
 B = 40
 
@@ -68,10 +76,10 @@ def triton_interpreted(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(gpu_kernel, "_kernel", None)
     # triton.jit reads TRITON_INTERPRET when the kernel module is imported: import it afresh
-    monkeypatch.delitem(sys.modules, "infera.engine.vllm.gpu_kernel_triton", raising=False)
+    monkeypatch.delitem(sys.modules, "infera.engine.vllm.worker.gpu.kernel_triton", raising=False)
     yield
     gpu_kernel._kernel = None  # the next build compiles for real again
-    sys.modules.pop("infera.engine.vllm.gpu_kernel_triton", None)
+    sys.modules.pop("infera.engine.vllm.worker.gpu.kernel_triton", None)
 
 
 def with_kernel(copier: GpuCopier, kernel: str, request: pytest.FixtureRequest) -> GpuCopier:

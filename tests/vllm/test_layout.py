@@ -16,10 +16,10 @@ import torch
 from infera.engine.vllm import compat
 from infera.engine.vllm.config import ConnectorEnv
 from infera.engine.vllm.keys import EngineFacts, make_namespace
-from infera.engine.vllm.layout import KVLayout, LayoutError, layer_blocks
 from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
-from infera.engine.vllm.worker import WorkerHalf
+from infera.engine.vllm.worker.half import WorkerHalf
+from infera.engine.vllm.worker.layout import KVLayout, LayoutError, layer_blocks
 
 B = 6  # blocks
 

@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 from infera.engine.vllm.config import ConnectorEnv
-from infera.engine.vllm.gpu import ArenaPin
 from infera.engine.vllm.keys import EngineFacts, make_namespace
 from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
-from infera.engine.vllm.worker import WorkerHalf
+from infera.engine.vllm.worker.gpu.copier import ArenaPin
+from infera.engine.vllm.worker.half import WorkerHalf
 
 B = 16
 FACTS = EngineFacts(

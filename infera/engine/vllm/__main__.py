@@ -73,7 +73,7 @@ def _vllm_server() -> tuple[Any, Any, Any, Any]:
 
 def install_prewarm_route(module: Any, socket_path: str) -> None:
     """Wrap ``module.build_app`` (the reference ``run_server`` uses) to add our router."""
-    from infera.engine.vllm.prewarm import make_router
+    from infera.engine.vllm.api.prewarm import make_router
 
     original = module.build_app
 
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="kvd daemon socket: enables POST /v1/cache/prewarm (and sets INFERA_KVD_SOCKET if unset).",
     )
-    from infera.engine.vllm import discovery
+    from infera.engine.vllm.api import discovery
 
     discovery.add_arguments(group)
     args = parser.parse_args(default_failure_policy(sys.argv[1:] if argv is None else argv))

@@ -90,7 +90,7 @@ class InferaKvdConnector(KVConnectorBase_V1):
             want_arena=role != KVConnectorRole.SCHEDULER,
         )
         if role == KVConnectorRole.SCHEDULER:
-            from infera.engine.vllm.scheduler import SchedulerHalf
+            from infera.engine.vllm.scheduler.half import SchedulerHalf
 
             reason = None
             if blockers:
@@ -120,7 +120,7 @@ class InferaKvdConnector(KVConnectorBase_V1):
                 socket_path,
             )
         else:
-            from infera.engine.vllm.worker import WorkerHalf, block_count
+            from infera.engine.vllm.worker.half import WorkerHalf, block_count
 
             self._worker = WorkerHalf(
                 ns,

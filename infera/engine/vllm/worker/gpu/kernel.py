@@ -1,7 +1,7 @@
 """One GPU launch per group of chunks for layouts whose layers are separate tensors.
 
 In vLLM 0.26 every layer's KV is its own allocation, so the torch path of
-:class:`~infera.engine.vllm.gpu.GpuCopier` issues one indexed copy per layer for each group of
+:class:`~infera.engine.vllm.worker.gpu.copier.GpuCopier` issues one indexed copy per layer for each group of
 chunks (two for a save: ``index_select`` then a strided ``copy_``). With 61 to 80 layers that is
 CPU-bound: measured on the H200, a 3.8 MiB chunk of a 70B model's TP4 share cost 151 us of CPU to
 save against 70 us of DMA, and saves ran at 0.46 of the link.
@@ -14,7 +14,7 @@ layer's base address, block stride, page size and place in the chunk payload; pr
 
 Triton is there wherever vLLM runs on a GPU; where it is missing, or on the CPU, or with
 ``INFERA_KVD_COPY_KERNEL=torch``, the torch path is used and :func:`make_page_kernel` says why.
-Every address the kernel touches was validated by :mod:`~infera.engine.vllm.layout` (page inside
+Every address the kernel touches was validated by :mod:`~infera.engine.vllm.worker.layout` (page inside
 its layer's storage) and block ids are range-checked before a launch, as on the torch path.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from infera.engine.vllm.layout import KVLayout
+from infera.engine.vllm.worker.layout import KVLayout
 
 log = logging.getLogger("infera.engine.vllm")
 
@@ -39,7 +39,7 @@ def _build() -> Any:
     """The Triton kernel, imported on first use (importing triton is slow; compiled per shape)."""
     global _kernel
     if _kernel is None:
-        from infera.engine.vllm.gpu_kernel_triton import page_copy
+        from infera.engine.vllm.worker.gpu.kernel_triton import page_copy
 
         _kernel = page_copy
     return _kernel

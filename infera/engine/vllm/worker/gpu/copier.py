@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from infera.engine.vllm.gpu_kernel import make_page_kernel
-from infera.engine.vllm.gpu_runtime import (
+from infera.engine.vllm.worker.gpu.kernel import make_page_kernel
+from infera.engine.vllm.worker.gpu.runtime import (
     ArenaPin,
     Completer,
     CudaOps,
@@ -44,7 +44,7 @@ from infera.engine.vllm.gpu_runtime import (
     ops_for,
     timed,
 )
-from infera.engine.vllm.layout import KVLayout, LayoutError
+from infera.engine.vllm.worker.layout import KVLayout, LayoutError
 
 log = logging.getLogger("infera.engine.vllm")
 

@@ -1,6 +1,6 @@
 """The worker's GPU-direct L3 plumbing: file reads into staging, file writes from a GPU pool.
 
-Selection (which backend, or why none) is :func:`infera.engine.vllm.gpudirect.select`; this
+Selection (which backend, or why none) is :func:`infera.engine.vllm.worker.gpu.gpudirect.select`; this
 module is what the worker does with a backend once it has one:
 
 * **reads**: a chunk the daemon holds only on disk (a ``ram_only`` GET leaves it out) is read
@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from infera.engine.vllm.gpu import GpuCopier
-from infera.engine.vllm.gpudirect import ChunkFiles, Selection
+from infera.engine.vllm.worker.gpu.copier import GpuCopier
+from infera.engine.vllm.worker.gpu.gpudirect import ChunkFiles, Selection
 from infera.kvd.chunkfile import ChunkFileError
 from infera.kvd.client import KvdClient, KvdClientError
 

@@ -6,9 +6,9 @@ straight from the arena into the engine's blocks, one RELEASE. Saves run in ``wa
 after the forward pass wrote the KV: one PUT (reserve) per retention class, one gather per chunk
 straight into the reserved arena region, one SEAL. No staging copies on the CPU path.
 
-KV on a GPU takes :mod:`infera.engine.vllm.gpu` instead (registered arena, side streams, one DMA
+KV on a GPU takes :mod:`infera.engine.vllm.worker.gpu.copier` instead (registered arena, side streams, one DMA
 per chunk through GPU staging; RELEASE and SEAL once the DMAs completed), and, when asked for
-and available, GPU-direct file reads and writes (:mod:`infera.engine.vllm.gdpath`).
+and available, GPU-direct file reads and writes (:mod:`infera.engine.vllm.worker.gpu.gdpath`).
 
 A chunk that cannot be loaded (gone, wrong size, daemon down) becomes a load error for its blocks,
 which vLLM recomputes. Nothing here raises into vLLM.
@@ -25,15 +25,16 @@ from typing import Any
 
 import torch
 
-from infera.engine.vllm import formats, gpudirect
+from infera.engine.vllm import formats
 from infera.engine.vllm.config import ConnectorEnv
-from infera.engine.vllm.gdpath import GdPath
-from infera.engine.vllm.gpu import ArenaPin, GpuCopier
 from infera.engine.vllm.keys import Namespace, chunk_key
-from infera.engine.vllm.layout import KVLayout, LayoutError
 from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import InferaKvdMetadata, RequestJob
-from infera.engine.vllm.worker_gpu import GpuWorkerMixin
+from infera.engine.vllm.worker.gpu import gpudirect
+from infera.engine.vllm.worker.gpu.copier import ArenaPin, GpuCopier
+from infera.engine.vllm.worker.gpu.gdpath import GdPath
+from infera.engine.vllm.worker.half_gpu import GpuWorkerMixin
+from infera.engine.vllm.worker.layout import KVLayout, LayoutError
 from infera.kvd.client import KvdClient, KvdClientError, KvdUnavailable
 
 log = logging.getLogger("infera.engine.vllm")

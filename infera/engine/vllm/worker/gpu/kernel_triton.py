@@ -1,4 +1,4 @@
-"""The Triton source of the page-copy kernel (see :mod:`infera.engine.vllm.gpu_kernel`).
+"""The Triton source of the page-copy kernel (see :mod:`infera.engine.vllm.worker.gpu.kernel`).
 
 Kept apart, without ``from __future__ import annotations`` and without type annotations on the
 kernel's parameters: Triton compiles the function from its source and resolves every name in it

@@ -1,8 +1,8 @@
-"""The worker half's GPU pieces (a mixin of :class:`~infera.engine.vllm.worker.WorkerHalf`).
+"""The worker half's GPU pieces (a mixin of :class:`~infera.engine.vllm.worker.half.WorkerHalf`).
 
 Setting up the GPU copy path and GPU-direct, and the GPU versions of load and save: the same
 daemon calls as the CPU path (LEASE/RELEASE, PUT/SEAL), with the copies queued on side streams
-by :class:`~infera.engine.vllm.gpu.GpuCopier` and the daemon told only once they completed.
+by :class:`~infera.engine.vllm.worker.gpu.copier.GpuCopier` and the daemon told only once they completed.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from typing import Any
 
 import torch
 
-from infera.engine.vllm import gpudirect
 from infera.engine.vllm.config import ConnectorEnv
-from infera.engine.vllm.gdpath import GdPath
-from infera.engine.vllm.gpu import ArenaPin, GpuCopier, LoadItem, SaveItem
 from infera.engine.vllm.keys import Namespace
-from infera.engine.vllm.layout import KVLayout, LayoutError
 from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import ChunkJob, RequestJob
+from infera.engine.vllm.worker.gpu import gpudirect
+from infera.engine.vllm.worker.gpu.copier import ArenaPin, GpuCopier, LoadItem, SaveItem
+from infera.engine.vllm.worker.gpu.gdpath import GdPath
+from infera.engine.vllm.worker.layout import KVLayout, LayoutError
 from infera.kvd.client import KvdClient, KvdClientError, KvdUnavailable
 
 log = logging.getLogger("infera.engine.vllm")

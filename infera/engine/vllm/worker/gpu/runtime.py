@@ -1,7 +1,7 @@
 """Streams, events, completion and host registration for the GPU copy path.
 
 :class:`HostOps` stands in for streams and events when the tensors are on the CPU (everything is
-done when issued), so the copy logic in :mod:`infera.engine.vllm.gpu` runs unchanged in tests.
+done when issued), so the copy logic in :mod:`infera.engine.vllm.worker.gpu.copier` runs unchanged in tests.
 """
 
 from __future__ import annotations
