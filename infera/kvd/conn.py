@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import socket
 import time
+from collections import deque
 from typing import Any
 
 from infera.kvd import protocol as P
+from infera.kvd.netio import OutQueue
 from infera.kvd.store import Chunk
 
 Reply = dict[str, Any] | None
@@ -30,8 +32,13 @@ class Client:
         self.uid = uid
         self.gid = gid
         self.reader: P.FrameReader | None = None
-        self.out = bytearray()
-        self.want_write = False
+        self.out = OutQueue()  # replies the kernel has not taken yet (see infera.kvd.netio)
+        self.events = 0  # what the loop's selector watches this socket for
+        self.inbox: deque[bytes] = deque()  # frames received, waiting for this client's turn
+        self.out_paused = False  # too many replies queued: its requests are not read meanwhile
+        self.out_logged = False
+        self.inbuf = 0  # bytes of a partial frame counted against the daemon's input budget
+        self.last_input = 0.0  # when part of a frame last arrived (input budget victims)
         self.hello = False
         self.info: dict[str, Any] = {}
         self.ns_id = 0

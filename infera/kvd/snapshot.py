@@ -18,6 +18,7 @@ def build_snapshot(server: Server) -> dict[str, Any]:
     assert server.store is not None
     snap = server.store.snapshot()
     clients = [c.public() for c in server.clients.values() if c.hello]
+    snap.update(server.netio_stats())
     snap.update(
         {
             "version": __version__,
