@@ -43,6 +43,8 @@ class Client:
         self.info: dict[str, Any] = {}
         self.ns_id = 0
         self.namespace = ""
+        self.ns_seen: set[str] = set()  # namespaces this connection said HELLO with
+        self.ns_used = False  # a request of this connection may have left state under ns_id
         self.leases: dict[int, Chunk] = {}
         self.reservations: dict[int, Chunk] = {}
         self.next_token = 1

@@ -87,8 +87,8 @@ class Ops:
                 "version",
             )
         namespace = msg.get("namespace", "")
-        if not isinstance(namespace, str) or len(namespace) > 1024:
-            raise BadRequest("'namespace' must be a string of at most 1024 characters")
+        if not isinstance(namespace, str) or len(namespace) > P.MAX_NAMESPACE_LEN:
+            raise BadRequest(f"'namespace' must be a string of at most {P.MAX_NAMESPACE_LEN} characters")
         info: dict[str, Any] = {}
         for field, typ in (
             ("name", str),
@@ -105,12 +105,25 @@ class Ops:
                 if not isinstance(value, typ):
                     raise BadRequest(f"{field!r} must be a {typ.__name__}")
                 info[field] = value
+        if not client.hello or namespace != client.namespace:
+            # one namespace at a time (a new HELLO replaces it), a few per connection in all
+            table = self.store.ns
+            if namespace not in client.ns_seen and len(client.ns_seen) >= P.MAX_NAMESPACES_PER_CONN:
+                table.refused_total += 1
+                raise BadRequest(
+                    f"a connection may use at most {P.MAX_NAMESPACES_PER_CONN} namespaces; reconnect"
+                )
+            try:
+                nid = self.store.ns_id(namespace)
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from None
+            if client.hello:
+                table.release(client.ns_id)
+            client.ns_seen.add(namespace)
+            client.ns_id = nid
+            client.namespace = namespace
+            client.ns_used = False
         client.info = info
-        client.namespace = namespace
-        try:
-            client.ns_id = self.store.ns_id(namespace)
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
         client.hello = True
         reply: dict[str, Any] = {
             "version": common[-1],

@@ -33,6 +33,9 @@ MAX_CONTAINERS = 64  # arrays and maps in one request (the real ones have at mos
 MAX_ITEMS = 4 * MAX_BATCH  # elements of all arrays and maps of one request together
 CHECKED_BODY = 64 << 10  # bodies above this are decoded with the container budget
 
+MAX_NAMESPACE_LEN = 1024  # characters
+MAX_NAMESPACES_PER_CONN = 8  # distinct namespaces one connection may say HELLO with
+
 OPS = (
     "HELLO",
     "PUT",

@@ -35,6 +35,10 @@ from infera.kvd.store import Store
 log = logging.getLogger("infera.kvd")
 
 _PEERCRED = struct.Struct("3i")
+# Ops that may leave state keyed by the client's namespace id (see infera.kvd.namespaces): in RAM
+# only a PUT creates chunks; a long tier also remembers the ids that GET, LOOKUP, ... asked about.
+_NS_KEYING_OPS = frozenset(("PUT",))
+_NS_KEYING_OPS_LONG = frozenset(("PUT", "GET", "LOOKUP", "DELETE", "PREWARM", "ADOPT"))
 
 
 class Server(NetIO, Ops):
@@ -61,6 +65,7 @@ class Server(NetIO, Ops):
         self._rview = memoryview(self._rbuf)
         self._last_tick = 0.0
         self._init_netio()
+        self._ns_keying = _NS_KEYING_OPS
         self.snapshot_cache: dict[str, Any] = {}
         self.metrics: Any = None
         self.long: Any = None  # long tier, when configured (see infera.kvd.tiers)
@@ -98,6 +103,8 @@ class Server(NetIO, Ops):
             from infera.kvd.tiers import open_long_tier
 
             self.long = open_long_tier(cfg, self)
+            self.store.ns.reclaimable_used = False  # the tier remembers ids (infera.kvd.namespaces)
+            self._ns_keying = _NS_KEYING_OPS_LONG
         if cfg.metrics_port:
             from infera.kvd.metrics import MetricsServer
 
@@ -344,6 +351,10 @@ class Server(NetIO, Ops):
             raise BadRequest(f"unknown op {op!r}", "unknown_op")
         if not client.hello and op not in ("HELLO", "PING", "STATS"):
             raise BadRequest(f"{op} before HELLO")
+        if not client.ns_used and op in self._ns_keying:
+            client.ns_used = True  # its namespace id may now key chunks or long-tier state
+            assert self.store is not None
+            self.store.ns.mark_used(client.ns_id)
         return handler(client, msg)
 
     def _drop(self, client: Client, why: str) -> None:
@@ -367,6 +378,8 @@ class Server(NetIO, Ops):
             )
         client.leases.clear()
         client.reservations.clear()
+        if client.hello:
+            store.ns.release(client.ns_id)
         self._forget_input(client)
         with contextlib.suppress(Exception):
             self.sel.unregister(client.sock)

@@ -18,6 +18,7 @@ def build_snapshot(server: Server) -> dict[str, Any]:
     assert server.store is not None
     snap = server.store.snapshot()
     clients = [c.public() for c in server.clients.values() if c.hello]
+    table = server.store.ns
     snap.update(server.netio_stats())
     snap.update(
         {
@@ -32,6 +33,9 @@ def build_snapshot(server: Server) -> dict[str, Any]:
             "clients_connected": len(clients),
             "clients": clients,
             "namespaces": sorted({c["namespace"] for c in clients}),
+            "namespace_ids_in_use": len(table),
+            "namespace_ids_freed_total": table.freed_total,
+            "namespace_refused_total": table.refused_total,
             "long_backend": server.cfg.long_backend,
             "warnings": hash_warnings(clients),
         }

@@ -17,12 +17,14 @@ tier are skipped.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from infera.kvd.arena import Allocator, align_up
+from infera.kvd.namespaces import Namespaces
 from infera.kvd.protocol import RETENTION_CODE, RETENTIONS
 
 NONE, EPHEMERAL, SHORT, LONG = (RETENTION_CODE[r] for r in RETENTIONS)
@@ -96,8 +98,9 @@ class Store:
         self.index: dict[bytes, Chunk] = {}
         self.pending: dict[bytes, Chunk] = {}
         self.lru: dict[int, OrderedDict[bytes, Chunk]] = {c: OrderedDict() for c in EVICTION_ORDER}
-        self.namespaces: dict[str, int] = {}
-        self.ns_names: list[str] = []
+        self.ns = Namespaces()  # ids are counted and reused (see infera.kvd.namespaces)
+        self.namespaces: dict[str, int] = self.ns.ids
+        self.ns_names: list[str] = self.ns.names
         self.bytes_stored = 0
         # Hooks the long tier installs (see tiers/): called with the chunk.
         self.on_seal: Callable[[Chunk], None] | None = None
@@ -129,14 +132,9 @@ class Store:
 
     # -- namespaces -------------------------------------------------------------------------
     def ns_id(self, name: str) -> int:
-        nid = self.namespaces.get(name)
-        if nid is None:
-            if len(self.ns_names) >= 0xFFFF:
-                raise ValueError("too many namespaces")
-            nid = len(self.ns_names)
-            self.namespaces[name] = nid
-            self.ns_names.append(name)
-        return nid
+        """The id of namespace ``name``, counted as held once more until ``self.ns.release``.
+        Raises ValueError when every id is in use."""
+        return self.ns.acquire(name, lambda: itertools.chain(self.index, self.pending))
 
     @staticmethod
     def ikey(ns: int, key: bytes) -> bytes:

@@ -14,6 +14,7 @@ import socket
 import time
 from collections.abc import Callable
 
+import pytest
 from hostile import (
     HealthProbe,
     daemon_cpu_s,
@@ -33,6 +34,7 @@ from hostile import (
 from helpers import Daemon
 from infera.kvd import protocol as P
 from infera.kvd.client import KvdClient
+from infera.kvd.namespaces import NS_IDS, Namespaces
 
 MiB = 1 << 20
 RSS_GROWTH_MAX = 64 * MiB  # daemon memory a flood may add (was ~1 GB for items 5 and 12)
@@ -133,6 +135,70 @@ def test_out_of_descriptors_backs_off_logs_once_and_recovers(start_daemon: Calla
     assert logged < LOG_GROWTH_MAX, f"{logged} bytes of log in {EMFILE_WINDOW_S} s"
     assert _stats(d)["accept_errors_total"] >= 1
     assert d.log().count("accept failed") == 1  # one line for the whole episode
+
+
+# -- item 7: namespace ids are counted, reused and capped per connection -------------------------
+HELLO_FLOOD = 66_000  # HELLOs with new namespaces on one connection (ids stopped at 65,535)
+HELLO_BATCH = 2000
+NS_PER_CONNECTION_MAX = 8  # namespaces one connection may use
+CHURN = 300  # engines that connect with a namespace of their own and leave
+IDS_IN_USE_MAX = 16  # namespace ids left in use after the churn
+
+
+def test_one_connection_cannot_exhaust_namespace_ids(daemon: Daemon) -> None:
+    with HealthProbe(daemon.socket) as probe:
+        s = raw(daemon.socket)
+        ok = 0
+        for start in range(0, HELLO_FLOOD, HELLO_BATCH):
+            batch = b"".join(
+                frame({"op": "HELLO", "id": i, "versions": [1], "namespace": f"ns-{i}", "want_arena": False})
+                for i in range(start, start + HELLO_BATCH)
+            )
+            s.sendall(batch)
+            ok += sum(1 for r in read_replies(s, HELLO_BATCH, timeout=20) if r["ok"])
+        # a new engine still gets in, with a namespace of its own
+        with KvdClient(daemon.socket, namespace="new-engine", timeout=5) as c:
+            assert c.put(b"k", b"fresh") and c.get(b"k") == b"fresh"
+        st = _stats(daemon)
+        s.close()
+    probe.assert_healthy()
+    assert ok <= NS_PER_CONNECTION_MAX
+    assert st["namespace_refused_total"] >= HELLO_FLOOD - NS_PER_CONNECTION_MAX
+    assert st["namespace_ids_in_use"] <= IDS_IN_USE_MAX
+
+
+def test_namespace_ids_are_freed_but_never_while_chunks_use_them(daemon: Daemon) -> None:
+    with HealthProbe(daemon.socket) as probe:
+        with KvdClient(daemon.socket, namespace="writer") as w:
+            assert w.put(b"k", b"writer's bytes")
+        for i in range(CHURN):
+            with KvdClient(daemon.socket, namespace=f"churn-{i}", want_arena=False, timeout=5) as c:
+                assert c.lookup([b"k"]) == 0  # never sees another namespace's chunk
+        in_use = _stats(daemon)["namespace_ids_in_use"]
+        # the writer's id is kept while its chunk is in RAM: it comes back to its bytes
+        with KvdClient(daemon.socket, namespace="writer") as w:
+            assert w.get(b"k") == b"writer's bytes"
+        with KvdClient(daemon.socket, namespace="reader") as r:
+            assert r.get(b"k") is None
+    probe.assert_healthy()
+    assert in_use <= IDS_IN_USE_MAX, f"{in_use} namespace ids in use after {CHURN} engines left"
+
+
+def test_namespace_table_reclaims_only_ids_no_chunk_refers_to() -> None:
+    table = Namespaces()
+    held = {0: b"\x00\x00chunk"}  # id 0 still keys a chunk in RAM
+    for i in range(NS_IDS):
+        nid = table.acquire(f"ns-{i}")
+        table.mark_used(nid)  # each ran a PUT
+        table.release(nid)
+    with pytest.raises(ValueError, match="too many namespaces"):
+        table.acquire("one-more")  # no in_use given: nothing may be reclaimed
+    nid = table.acquire("one-more", lambda: held.values())
+    assert nid != 0 and table.ids["ns-0"] == 0 and len(table) == 2
+    table.reclaimable_used = False  # with a long tier, a used id is never reused
+    table.mark_used(nid)
+    table.release(nid)
+    assert table.ids["one-more"] == nid
 
 
 # -- item 12: decoding and buffered input are bounded ---------------------------------------------
