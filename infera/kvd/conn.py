@@ -80,3 +80,84 @@ class Client:
             "requests": self.requests,
             "connected_s": round(time.time() - self.connected_at, 1),
         }
+
+
+# -- bounded client metadata (HELLO, REPORT) ---------------------------------------------------
+# Everything a client declares ends up in every STATS reply, so each field has a bound (the
+# numbers are in infera.kvd.protocol): identities are refused over it, display-only text is cut.
+_HELLO_FIELDS: tuple[tuple[str, type, int], ...] = (
+    # field, type, longest (0: not a string); cut (display-only) when over it
+    ("name", str, P.MAX_TEXT_LEN),
+    ("pid", int, 0),
+    ("role", str, P.MAX_TEXT_LEN),
+    ("model", str, P.MAX_TEXT_LEN),
+    ("hash_fingerprint", str, 0),
+    ("chunk_tokens", int, 0),
+    ("data_path", str, P.MAX_TEXT_LEN),
+)
+
+
+def hello_info(msg: dict[str, Any]) -> dict[str, Any]:
+    """The client description of a HELLO, checked and bounded; raises BadRequest."""
+    info: dict[str, Any] = {}
+    for field, typ, cut in _HELLO_FIELDS:
+        value = msg.get(field)
+        if value is None:
+            continue
+        if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+            raise BadRequest(f"{field!r} must be a {typ.__name__}")
+        info[field] = value[:cut] if cut and isinstance(value, str) else value
+    fp = info.get("hash_fingerprint")
+    if fp is not None and len(fp) > P.MAX_FINGERPRINT_LEN:
+        raise BadRequest(f"'hash_fingerprint' must be at most {P.MAX_FINGERPRINT_LEN} characters")
+    settings = msg.get("hash_settings")
+    if settings is not None:
+        info["hash_settings"] = _hash_settings(settings)
+    return info
+
+
+def _hash_settings(settings: Any) -> dict[str, Any]:
+    if not isinstance(settings, dict):
+        raise BadRequest("'hash_settings' must be a map")
+    if len(settings) > P.MAX_HASH_SETTINGS:
+        raise BadRequest(f"'hash_settings' may hold at most {P.MAX_HASH_SETTINGS} settings")
+    for key, value in settings.items():
+        if not isinstance(key, str) or len(key) > P.MAX_SETTING_NAME_LEN:
+            raise BadRequest(
+                f"'hash_settings' names must be strings of at most {P.MAX_SETTING_NAME_LEN} characters"
+            )
+        if not (
+            value is None
+            or isinstance(value, bool | int | float)
+            or (isinstance(value, str) and len(value) <= P.MAX_TEXT_LEN)
+        ):
+            raise BadRequest(
+                f"'hash_settings' values must be numbers, booleans, null or strings of at most "
+                f"{P.MAX_TEXT_LEN} characters"
+            )
+    return settings
+
+
+def report_fields(report: Any) -> dict[str, Any]:
+    """A REPORT's data path, fallback and counters, checked and bounded; raises BadRequest."""
+    if not isinstance(report, dict):
+        raise BadRequest("'report' must be a map")
+    counters = report.get("counters", {})
+    if not isinstance(counters, dict) or not all(
+        isinstance(k, str) and isinstance(v, int | float) for k, v in counters.items()
+    ):
+        raise BadRequest("'report.counters' must map names to numbers")
+    if len(counters) > P.MAX_REPORT_COUNTERS or any(len(k) > P.MAX_COUNTER_NAME_LEN for k in counters):
+        raise BadRequest(
+            f"'report.counters' may hold at most {P.MAX_REPORT_COUNTERS} counters with names of at "
+            f"most {P.MAX_COUNTER_NAME_LEN} characters"
+        )
+    clean: dict[str, Any] = {"counters": counters}
+    for field in ("data_path", "fallback_reason", "requested_path"):
+        value = report.get(field)
+        if value is not None:
+            if not isinstance(value, str):
+                raise BadRequest(f"'report.{field}' must be a string")
+            clean[field] = value[: P.MAX_REPORT_TEXT]
+    clean["fallback"] = bool(report.get("fallback", False))
+    return clean

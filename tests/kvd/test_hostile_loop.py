@@ -201,6 +201,83 @@ def test_namespace_table_reclaims_only_ids_no_chunk_refers_to() -> None:
     assert table.ids["one-more"] == nid
 
 
+# -- item 8: client metadata is bounded, STATS always fits ----------------------------------------
+HUGE = 9 * MiB  # a name this long made every STATS reply exceed the frame cap
+MAX_CLIENTS = 140  # connections with every field at its bound (more than STATS lists)
+WIDE = "\U0001f600"  # 4 bytes of UTF-8 per character: the worst case for reply size
+
+
+def test_client_metadata_is_bounded_and_stats_always_fits(daemon: Daemon) -> None:
+    with HealthProbe(daemon.socket) as probe:
+        s = raw(daemon.socket)
+        for _ in range(2):
+            assert hello(s, name="n" * HUGE, want_arena=False)["error"] == "bad_request"
+        bad_hellos: list[dict[str, object]] = [
+            {"namespace": "n" * 2000},
+            {"hash_fingerprint": "f" * 1000},
+            {"hash_settings": {f"k{i}": i for i in range(1000)}},
+            {"hash_settings": {"algo": "a" * 10_000}},
+            {"hash_settings": {"algo": {"nested": [1, 2]}}},
+        ]
+        for fields in bad_hellos:
+            assert hello(s, want_arena=False, **fields)["error"] == "bad_request", fields
+        assert hello(s, name="n" * 60_000, model="m" * 60_000, want_arena=False)["ok"]
+        for report in (
+            {"counters": {f"c{i}": i for i in range(10_000)}},
+            {"counters": {"c" * 1000: 1}},
+        ):
+            s.sendall(frame({"op": "REPORT", "id": 9, "report": report}))
+            assert read_reply(s)["error"] == "bad_request"
+        st = _stats(daemon)
+        me = next(c for c in st["clients"] if c["name"].startswith("n"))  # type: ignore[union-attr]
+        assert len(me["name"]) == P.MAX_TEXT_LEN and len(me["model"]) == P.MAX_TEXT_LEN
+
+        # many clients, every field at its bound: STATS still fits and says what it left out
+        crowd = []
+        for i in range(MAX_CLIENTS):
+            c = raw(daemon.socket)
+            reply = hello(
+                c,
+                want_arena=False,
+                namespace=f"{i:04d}" + WIDE * (P.MAX_NAMESPACE_LEN - 4),
+                name=WIDE * P.MAX_TEXT_LEN,
+                role=WIDE * P.MAX_TEXT_LEN,
+                model=WIDE * P.MAX_TEXT_LEN,
+                data_path=WIDE * P.MAX_TEXT_LEN,
+                hash_fingerprint=WIDE * P.MAX_FINGERPRINT_LEN,
+                hash_settings={
+                    f"{k:02d}" + WIDE * (P.MAX_SETTING_NAME_LEN - 2): WIDE * P.MAX_TEXT_LEN
+                    for k in range(P.MAX_HASH_SETTINGS)
+                },
+            )
+            assert reply["ok"], reply
+            counters = {
+                f"{k:03d}" + WIDE * (P.MAX_COUNTER_NAME_LEN - 3): 2**63 for k in range(P.MAX_REPORT_COUNTERS)
+            }
+            text = WIDE * P.MAX_REPORT_TEXT
+            report = {
+                "counters": counters,
+                "data_path": text,
+                "fallback_reason": text,
+                "requested_path": text,
+            }
+            c.sendall(frame({"op": "REPORT", "id": 2, "report": report}))
+            assert read_reply(c)["ok"]
+            crowd.append(c)
+        s.sendall(frame({"op": "STATS", "id": 3}))
+        (body,) = read_replies(s, 1, decode=False)  # decoded below, off the probe's clock
+        wait_rounds(probe, 200)
+        for c in crowd:
+            c.close()
+        s.close()
+    probe.assert_healthy()
+    assert len(body) < P.MAX_FRAME
+    st = P.decode_body(body)["stats"]
+    assert st["clients_connected"] == MAX_CLIENTS + 2  # the crowd, s and the probe
+    assert len(st["clients"]) + st["clients_omitted"] == st["clients_connected"]  # type: ignore[arg-type,operator]
+    assert st["clients_omitted"] > 0
+
+
 # -- item 12: decoding and buffered input are bounded ---------------------------------------------
 EMPTY_ARRAYS = 240  # arrays of 65,536 empty arrays in one frame (~15.7 MB; 1.25 GB and 4 s once)
 REPLY_DEADLINE_S = 2.0
