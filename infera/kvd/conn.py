@@ -38,7 +38,7 @@ class Client:
         self.out_paused = False  # too many replies queued: its requests are not read meanwhile
         self.out_logged = False
         self.inbuf = 0  # bytes of a partial frame counted against the daemon's input budget
-        self.last_input = 0.0  # when part of a frame last arrived (input budget victims)
+        self.partial_since = 0.0  # when its incomplete frame began (input budget victims)
         self.hello = False
         self.info: dict[str, Any] = {}
         self.ns_id = 0

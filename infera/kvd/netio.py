@@ -13,7 +13,8 @@ that keep a stuck, slow or hostile client's cost on its own connection:
 * One readable event handles at most :data:`FRAMES_PER_TURN` frames of a connection; the rest wait
   for the next turn, so a pipelined flood shares the loop with everyone else.
 * Partially received frames of all connections together hold at most :data:`INPUT_BUDGET_BYTES`;
-  over it, the connections that made no progress for the longest are dropped.
+  over it, the connections whose incomplete frame began the longest ago are dropped (parked
+  ones; a client sending a big request at speed has the youngest).
 * An accept that fails for want of descriptors or memory (EMFILE, ENFILE, ...) stops watching the
   listener for a back-off (:data:`ACCEPT_BACKOFF_S`, doubling up to :data:`ACCEPT_BACKOFF_MAX_S`)
   instead of spinning on a listener that stays readable; logged at most once per
@@ -223,7 +224,7 @@ class NetIO:
             return
         after = reader.pending
         if after or client.inbuf:
-            self._account_input(client, after)
+            self._account_input(client, after, bool(frames))
             if client.closed:
                 return
         if len(frames) == 1 and not client.inbox:  # the common case: one request, one turn
@@ -247,20 +248,22 @@ class NetIO:
             self._ready[client.id] = client
         self._interest(client)
 
-    def _account_input(self, client: Client, after: int) -> None:
+    def _account_input(self, client: Client, after: int, completed: bool) -> None:
         """Keep partially received frames of all clients within INPUT_BUDGET_BYTES: over it, drop
-        those that made no progress for the longest (parked connections, not the one talking)."""
+        those whose incomplete frame began the longest ago. A parked connection's frame stays old
+        however it trickles; a legitimate big request arrives at speed, so its frame is young."""
         net = self.net
+        if not client.inbuf or completed:  # the bytes held belong to a frame begun just now
+            client.partial_since = time.monotonic()
         net.inbuf_bytes += after - client.inbuf
         client.inbuf = after
         if not after:
             net.partial.discard(client)
             return
-        client.last_input = time.monotonic()
         net.partial.add(client)
         if net.inbuf_bytes <= INPUT_BUDGET_BYTES:
             return
-        for victim in sorted(net.partial, key=lambda c: c.last_input):
+        for victim in sorted(net.partial, key=lambda c: c.partial_since):
             if net.inbuf_bytes <= INPUT_BUDGET_BYTES:
                 break
             net.input_budget_drops_total += 1

@@ -224,7 +224,7 @@ class Server(NetIO, Ops):
         last_event = 0.0
         try:
             while not self.stopping:
-                # frames waiting for their turn, the accept back-off
+                # frames waiting for their turn and the accept back-off shorten the sleep
                 idle = self._io_turn() if self._ready or self._accept_resume_at else 0.25
                 # Right after traffic, poll instead of sleeping for a short window: a request
                 # that follows within it is seen at once, without waking an idle CPU (tens of
@@ -296,7 +296,7 @@ class Server(NetIO, Ops):
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                self._accept_failed(exc)  # EMFILE and co.: rest the listener, log once
+                self._accept_failed(exc)  # EMFILE and co.: rest the listener (netio)
                 return
             self._accepted()
             pid, uid, gid = _PEERCRED.unpack(
@@ -331,7 +331,7 @@ class Server(NetIO, Ops):
     def _handle_frame(self, client: Client, body: bytes) -> None:
         client.requests += 1
         try:
-            # small bodies cannot amplify memory: decoded as ever; big ones with a budget (netio)
+            # small bodies cannot amplify memory: decoded as ever; big ones within a budget
             msg = P.decode_body(body) if len(body) <= P.CHECKED_BODY else self.net.decoder.decode(body)
         except P.RequestTooComplex as exc:
             msg, error = None, str(exc)
