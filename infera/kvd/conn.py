@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import socket
 import time
 from collections import deque
@@ -75,6 +76,7 @@ class Client:
             "fallback_reason": self.report.get("fallback_reason"),
             "requested_path": self.report.get("requested_path"),
             "counters": self.report.get("counters", {}),
+            "counters_omitted": self.report.get("counters_omitted", 0),
             "leases": len(self.leases),
             "reservations": len(self.reservations),
             "requests": self.requests,
@@ -147,12 +149,15 @@ def report_fields(report: Any) -> dict[str, Any]:
         isinstance(k, str) and isinstance(v, int | float) for k, v in counters.items()
     ):
         raise BadRequest("'report.counters' must map names to numbers")
-    if len(counters) > P.MAX_REPORT_COUNTERS or any(len(k) > P.MAX_COUNTER_NAME_LEN for k in counters):
-        raise BadRequest(
-            f"'report.counters' may hold at most {P.MAX_REPORT_COUNTERS} counters with names of at "
-            f"most {P.MAX_COUNTER_NAME_LEN} characters"
-        )
     clean: dict[str, Any] = {"counters": counters}
+    if len(counters) > P.MAX_REPORT_COUNTERS or any(len(k) > P.MAX_COUNTER_NAME_LEN for k in counters):
+        kept = dict(
+            itertools.islice(
+                ((k, v) for k, v in counters.items() if len(k) <= P.MAX_COUNTER_NAME_LEN),
+                P.MAX_REPORT_COUNTERS,
+            )
+        )
+        clean = {"counters": kept, "counters_omitted": len(counters) - len(kept)}
     for field in ("data_path", "fallback_reason", "requested_path"):
         value = report.get(field)
         if value is not None:

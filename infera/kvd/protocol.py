@@ -33,17 +33,18 @@ MAX_CONTAINERS = 64  # arrays and maps in one request (the real ones have at mos
 MAX_ITEMS = 4 * MAX_BATCH  # elements of all arrays and maps of one request together
 CHECKED_BODY = 64 << 10  # bodies above this are decoded with the container budget
 
-# HELLO and REPORT fields, in characters. Identities (namespace, hash fingerprint, hash settings,
-# counter names) over their bound are refused with ``bad_request``; display-only text (name, role,
-# model, data paths, fallback reasons) is cut to its bound. STATS lists at most
-# snapshot.STATS_MAX_CLIENTS clients, so its reply always fits MAX_FRAME.
+# HELLO and REPORT fields, in characters. Identities (namespace, hash fingerprint, hash settings)
+# over their bound are refused with ``bad_request``; what is only displayed is cut to its bound
+# (name, role, model, data paths, fallback reasons; counters past the first MAX_REPORT_COUNTERS or
+# with longer names are left out and counted). STATS lists at most snapshot.STATS_MAX_CLIENTS
+# clients, so its reply always fits MAX_FRAME.
 MAX_NAMESPACE_LEN = 1024
 MAX_NAMESPACES_PER_CONN = 8  # distinct namespaces one connection may say HELLO with
 MAX_TEXT_LEN = 256  # name, role, model, data_path of HELLO (cut)
 MAX_FINGERPRINT_LEN = 128
 MAX_HASH_SETTINGS = 16  # keys of hash_settings; values are scalars, strings up to MAX_TEXT_LEN
 MAX_SETTING_NAME_LEN = 64
-MAX_REPORT_COUNTERS = 256
+MAX_REPORT_COUNTERS = 128  # an engine worker reports about 60
 MAX_COUNTER_NAME_LEN = 64
 MAX_REPORT_TEXT = 500  # data_path, fallback_reason, requested_path of REPORT (cut)
 
