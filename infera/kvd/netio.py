@@ -9,9 +9,12 @@ that keep a stuck, slow or hostile client's cost on its own connection:
   A client that stops reading (a SIGSTOPped engine) only grows its own queue.
 * A queue above :data:`OUT_PAUSE_BYTES` stops the loop reading that client's requests until it
   drains below :data:`OUT_RESUME_BYTES`; one above :data:`OUT_DROP_BYTES` (replies the client did
-  not ask for in this turn, e.g. answers a long tier completes later) drops the connection.
-* One readable event handles at most :data:`FRAMES_PER_TURN` frames of a connection; the rest wait
-  for the next turn, so a pipelined flood shares the loop with everyone else.
+  not ask for in this turn, e.g. answers a long tier completes later) drops the connection. The
+  queues of all clients together hold at most :data:`OUT_BUDGET_BYTES` (many connections that
+  each ask one big STATS and never read); over it, those holding the most are dropped.
+* One turn handles at most :data:`FRAMES_PER_TURN` frames of a connection, or
+  :data:`TURN_BUDGET_S` of work; the rest wait for the next turn, so a pipelined flood shares the
+  loop with everyone else (a healthy request waits at most one turn per flooding connection).
 * Partially received frames of all connections together hold at most :data:`INPUT_BUDGET_BYTES`;
   over it, the connections whose incomplete frame began the longest ago are dropped (parked
   ones; a client sending a big request at speed has the youngest).
@@ -43,7 +46,9 @@ log = logging.getLogger("infera.kvd")
 OUT_PAUSE_BYTES = 4 << 20  # queued replies above which the loop stops reading a client's requests
 OUT_RESUME_BYTES = 1 << 20  # ... and below which it reads them again
 OUT_DROP_BYTES = 64 << 20  # queued replies above which a client is dropped
+OUT_BUDGET_BYTES = 32 << 20  # queued replies of all clients together
 FRAMES_PER_TURN = 64  # frames of one connection handled per loop turn
+TURN_BUDGET_S = 0.002  # ... and the time they may take (checked after each frame)
 INPUT_BUDGET_BYTES = 32 << 20  # partially received frames of all connections together
 ACCEPT_BACKOFF_S = 0.1  # first pause of the listener after a failed accept
 ACCEPT_BACKOFF_MAX_S = 1.0
@@ -127,6 +132,7 @@ class NetState:
         "decoder",
         "inbuf_bytes",
         "input_budget_drops_total",
+        "out_total",
         "output_dropped_total",
         "output_paused_total",
         "partial",
@@ -137,6 +143,7 @@ class NetState:
         self.decoder = P.RequestDecoder()
         self.partial: set[Client] = set()  # clients holding part of a frame
         self.inbuf_bytes = 0
+        self.out_total = 0  # bytes queued in the OutQueues of all live clients
         self.accept_backoff = ACCEPT_BACKOFF_S
         self.accept_failures = 0  # since the last line logged about them
         self.accept_logged_at = float("-inf")
@@ -179,7 +186,7 @@ class NetIO:
             "input_budget_drops_total": net.input_budget_drops_total,
             "replies_too_large_total": net.replies_too_large_total,
             "input_buffered_bytes": net.inbuf_bytes,
-            "output_queued_bytes": sum(len(c.out) for c in self.clients.values()),
+            "output_queued_bytes": net.out_total,
         }
 
     # -- the loop's share ----------------------------------------------------------------------
@@ -239,9 +246,12 @@ class NetIO:
         """Handle up to FRAMES_PER_TURN waiting frames, fewer if the client's replies pile up."""
         inbox = client.inbox
         n = FRAMES_PER_TURN
+        end = time.monotonic() + TURN_BUDGET_S
         while inbox and n and not client.out_paused and not client.closed:
             self._handle_frame(client, inbox.popleft())
             n -= 1
+            if time.monotonic() > end:
+                break
         if client.closed:
             return
         if inbox and not client.out_paused:
@@ -277,8 +287,10 @@ class NetIO:
             )
             self._send_last(victim, "too_large", "over the daemon's input budget")
 
-    def _forget_input(self, client: Client) -> None:
-        """A connection going away gives back its share of the input budget (from ``_drop``)."""
+    def _forget_io(self, client: Client) -> None:
+        """A connection going away gives back its share of both budgets (from ``_drop``)."""
+        self.net.out_total -= client.out.size
+        client.out.size = 0
         if client.inbuf:
             self.net.partial.discard(client)
             self.net.inbuf_bytes -= client.inbuf
@@ -314,8 +326,14 @@ class NetIO:
             if sent == len(frame):
                 return
             out.push(memoryview(frame)[sent:], None if sent else fds)
+            self.net.out_total += len(frame) - sent
         else:
             out.push(frame, fds)
+            self.net.out_total += len(frame)
+        if self.net.out_total > OUT_BUDGET_BYTES:
+            self._shed_output()
+            if client.closed:
+                return
         if out.size > OUT_PAUSE_BYTES:
             if out.size > OUT_DROP_BYTES:
                 self.net.output_dropped_total += 1
@@ -342,17 +360,43 @@ class NetIO:
                     )
         self._interest(client)
 
+    def _shed_output(self) -> None:
+        """Over the daemon-wide budget of queued replies: drop the clients holding the most."""
+        net = self.net
+        for victim in sorted((c for c in self.clients.values() if c.out.size), key=lambda c: -c.out.size):
+            if net.out_total <= OUT_BUDGET_BYTES:
+                break
+            net.output_dropped_total += 1
+            log.warning(
+                "client %d (pid %s) dropped: %d bytes of replies queued while all clients together "
+                "hold over %d",
+                victim.id,
+                victim.info.get("pid", victim.peer_pid),
+                victim.out.size,
+                OUT_BUDGET_BYTES,
+            )
+            self._drop(victim, "not reading its replies")
+
+    def _flush(self, client: Client) -> None:
+        """Hand the kernel what it takes of a client's queue; raises OSError if the socket broke."""
+        out = client.out
+        before = out.size
+        try:
+            out.flush(client.sock)
+        finally:
+            self.net.out_total -= before - out.size
+
     def _send_last(self, client: Client, code: str, why: str) -> None:
         """Say why (best effort, without waiting) and hang up."""
         self._send(client, {"id": 0, "ok": False, "error": code, "message": why})
         if not client.closed:
             with contextlib.suppress(OSError):
-                client.out.flush(client.sock)
+                self._flush(client)
         self._drop(client, why)
 
     def _on_writable(self, client: Client) -> None:
         try:
-            client.out.flush(client.sock)
+            self._flush(client)
         except OSError as exc:
             self._drop(client, f"write error: {exc}")
             return

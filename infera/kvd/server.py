@@ -380,7 +380,7 @@ class Server(NetIO, Ops):
         client.reservations.clear()
         if client.hello:
             store.ns.release(client.ns_id)
-        self._forget_input(client)
+        self._forget_io(client)
         with contextlib.suppress(Exception):
             self.sel.unregister(client.sock)
         client.sock.close()

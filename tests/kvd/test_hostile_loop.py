@@ -91,6 +91,29 @@ def test_a_reply_flood_is_capped_per_connection_and_resumes(daemon: Daemon) -> N
     s.close()
 
 
+SPREAD = 12  # connections flooding STATS at once, none reading (~210 MB of replies once)
+SPREAD_BYTES = 192 << 10  # of requests each
+
+
+def test_reply_floods_of_many_connections_share_one_budget(daemon: Daemon) -> None:
+    request = frame({"op": "STATS", "id": 7})
+    flood = request * (SPREAD_BYTES // len(request))
+    base = daemon_rss(daemon.pid)
+    with HealthProbe(daemon.socket) as probe:
+        hostile = [raw(daemon.socket) for _ in range(SPREAD)]
+        for s in hostile:
+            pipeline(s, flood, stall_s=0.5)
+        wait_rounds(probe, 300)
+        grown = daemon_rss(daemon.pid) - base
+        st = _stats(daemon)
+        for s in hostile:
+            s.close()
+    probe.assert_healthy()
+    assert grown < RSS_GROWTH_MAX, f"daemon grew by {grown / MiB:.0f} MiB"
+    assert st["output_dropped_total"] >= 1  # type: ignore[operator]
+    assert st["output_queued_bytes"] <= 40 * MiB  # type: ignore[operator]
+
+
 # -- item 6: out of descriptors, accept backs off ------------------------------------------------
 FD_HEADROOM = 8  # descriptors left to the daemon before it runs out
 HOSTILE_CONNECTIONS = 40  # more than the headroom: the rest wait in the listen backlog
