@@ -45,7 +45,7 @@ log = logging.getLogger("infera.kvd")
 
 OUT_PAUSE_BYTES = 4 << 20  # queued replies above which the loop stops reading a client's requests
 OUT_RESUME_BYTES = 1 << 20  # ... and below which it reads them again
-OUT_DROP_BYTES = 64 << 20  # queued replies above which a client is dropped
+OUT_DROP_BYTES = 16 << 20  # queued replies above which a client is dropped
 OUT_BUDGET_BYTES = 32 << 20  # queued replies of all clients together
 FRAMES_PER_TURN = 64  # frames of one connection handled per loop turn
 TURN_BUDGET_S = 0.002  # ... and the time they may take (checked after each frame)
@@ -82,9 +82,6 @@ class OutQueue:
     def __init__(self) -> None:
         self.segs: deque[_Segment] = deque()
         self.size = 0
-
-    def __len__(self) -> int:
-        return self.size
 
     def push(self, data: bytes | memoryview, fds: list[int] | None = None) -> None:
         if fds or not self.segs:
