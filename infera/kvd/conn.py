@@ -1,4 +1,5 @@
-"""One client connection as the daemon sees it, and the typed request error."""
+"""One client connection as the daemon sees it, the typed request error, and the bounds on what a
+client may declare about itself (HELLO, REPORT)."""
 
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ class Client:
 # Everything a client declares ends up in every STATS reply, so each field has a bound (the
 # numbers are in infera.kvd.protocol): identities are refused over it, display-only text is cut.
 _HELLO_FIELDS: tuple[tuple[str, type, int], ...] = (
-    # field, type, longest (0: not a string); cut (display-only) when over it
+    # field, type, longest kept: display-only text is cut there (0: not cut; checked below)
     ("name", str, P.MAX_TEXT_LEN),
     ("pid", int, 0),
     ("role", str, P.MAX_TEXT_LEN),
