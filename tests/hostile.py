@@ -509,5 +509,98 @@ def daemon_threads(pid: int) -> int:
     return 0
 
 
+# -- loop hardening (h16-loop): process meters, bulk frame I/O, descriptor-carrying replies ----
+
+
+def daemon_peak_rss(pid: int) -> int:
+    """Peak resident set size of a process in bytes (VmHWM): catches a transient spike too."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def daemon_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def open_fds(pid: int) -> int:
+    """How many descriptors a process has open."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def read_reply_fds(s: socket.socket) -> tuple[dict[str, Any], int]:
+    """Like :func:`read_reply`, also saying how many descriptors came with the reply."""
+    head = b""
+    fds: list[int] = []
+    while len(head) < 4:
+        data, got, _flags, _addr = socket.recv_fds(s, 4 - len(head), 8)
+        fds += got
+        if not data:
+            raise ConnectionError("daemon closed the connection")
+        head += data
+    (n,) = P.HEADER.unpack(head)
+    body = b""
+    while len(body) < n:
+        data = s.recv(n - len(body))
+        if not data:
+            raise ConnectionError("daemon closed the connection mid-frame")
+        body += data
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    out = P.decode_body(body)
+    assert isinstance(out, dict)
+    return out, len(fds)
+
+
+def read_replies(s: socket.socket, count: int, timeout: float = 10.0, decode: bool = True) -> list[Any]:
+    """Read ``count`` reply frames in bulk (descriptors are not expected); bodies are decoded
+    unless ``decode`` is false (then each entry is the raw body, e.g. to decode it later, when a
+    probe in this process no longer waits for the interpreter lock)."""
+    reader = P.FrameReader()
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < count:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"got {len(out)} of {count} replies in {timeout}s")
+        s.settimeout(left)
+        data = s.recv(1 << 20)
+        if not data:
+            raise ConnectionError(f"daemon closed the connection after {len(out)} of {count} replies")
+        for body in reader.feed(data):
+            out.append(P.decode_body(body) if decode else body)
+    return out
+
+
+def pipeline(s: socket.socket, data: bytes, stall_s: float = 1.0) -> int:
+    """Send ``data`` without reading anything back, until it is all gone or the daemon has taken
+    nothing for ``stall_s``; returns how many bytes went."""
+    view = memoryview(data)
+    sent = 0
+    s.settimeout(stall_s)
+    try:
+        while sent < len(data):
+            sent += s.send(view[sent : sent + (1 << 20)])
+    except (TimeoutError, BlockingIOError):
+        pass
+    except OSError:  # the daemon hung up on us
+        pass
+    return sent
+
+
+def wait_rounds(probe: HealthProbe, rounds: int = 50, timeout: float = 10.0) -> None:
+    """Keep the probe going until it has done ``rounds`` put+get rounds (a quick misbehaviour
+    otherwise leaves too few rounds for a p99)."""
+    deadline = time.monotonic() + timeout
+    while len(probe.latencies) < rounds and not probe.errors and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 if __name__ == "__main__" and _sys.argv[1:2] == ["fake-daemon"]:
     _fake_daemon_main(_json.loads(_sys.argv[2]))

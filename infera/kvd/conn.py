@@ -1,12 +1,16 @@
-"""One client connection as the daemon sees it, and the typed request error."""
+"""One client connection as the daemon sees it, the typed request error, and the bounds on what a
+client may declare about itself (HELLO, REPORT)."""
 
 from __future__ import annotations
 
+import itertools
 import socket
 import time
+from collections import deque
 from typing import Any
 
 from infera.kvd import protocol as P
+from infera.kvd.outqueue import OutQueue
 from infera.kvd.store import Chunk
 
 Reply = dict[str, Any] | None
@@ -30,12 +34,19 @@ class Client:
         self.uid = uid
         self.gid = gid
         self.reader: P.FrameReader | None = None
-        self.out = bytearray()
-        self.want_write = False
+        self.out = OutQueue()  # replies the kernel has not taken yet (see infera.kvd.outqueue)
+        self.events = 0  # what the loop's selector watches this socket for
+        self.inbox: deque[bytes] = deque()  # frames received, waiting for this client's turn
+        self.out_paused = False  # too many replies queued: its requests are not read meanwhile
+        self.out_logged = False
+        self.inbuf = 0  # bytes of a partial frame counted against the daemon's input budget
+        self.partial_since = 0.0  # when its incomplete frame began (input budget victims)
         self.hello = False
         self.info: dict[str, Any] = {}
         self.ns_id = 0
         self.namespace = ""
+        self.ns_seen: set[str] = set()  # namespaces this connection said HELLO with
+        self.ns_used = False  # a request of this connection may have left state under ns_id
         self.leases: dict[int, Chunk] = {}
         self.reservations: dict[int, Chunk] = {}
         self.next_token = 1
@@ -66,8 +77,93 @@ class Client:
             "fallback_reason": self.report.get("fallback_reason"),
             "requested_path": self.report.get("requested_path"),
             "counters": self.report.get("counters", {}),
+            "counters_omitted": self.report.get("counters_omitted", 0),
             "leases": len(self.leases),
             "reservations": len(self.reservations),
             "requests": self.requests,
             "connected_s": round(time.time() - self.connected_at, 1),
         }
+
+
+# -- bounded client metadata (HELLO, REPORT) ---------------------------------------------------
+# Everything a client declares ends up in every STATS reply, so each field has a bound (the
+# numbers are in infera.kvd.protocol): identities are refused over it, display-only text is cut.
+_HELLO_FIELDS: tuple[tuple[str, type, int], ...] = (
+    # field, type, longest kept: display-only text is cut there (0: not cut; checked below)
+    ("name", str, P.MAX_TEXT_LEN),
+    ("pid", int, 0),
+    ("role", str, P.MAX_TEXT_LEN),
+    ("model", str, P.MAX_TEXT_LEN),
+    ("hash_fingerprint", str, 0),
+    ("chunk_tokens", int, 0),
+    ("data_path", str, P.MAX_TEXT_LEN),
+)
+
+
+def hello_info(msg: dict[str, Any]) -> dict[str, Any]:
+    """The client description of a HELLO, checked and bounded; raises BadRequest."""
+    info: dict[str, Any] = {}
+    for field, typ, cut in _HELLO_FIELDS:
+        value = msg.get(field)
+        if value is None:
+            continue
+        if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+            raise BadRequest(f"{field!r} must be a {typ.__name__}")
+        info[field] = value[:cut] if cut and isinstance(value, str) else value
+    fp = info.get("hash_fingerprint")
+    if fp is not None and len(fp) > P.MAX_FINGERPRINT_LEN:
+        raise BadRequest(f"'hash_fingerprint' must be at most {P.MAX_FINGERPRINT_LEN} characters")
+    settings = msg.get("hash_settings")
+    if settings is not None:
+        info["hash_settings"] = _hash_settings(settings)
+    return info
+
+
+def _hash_settings(settings: Any) -> dict[str, Any]:
+    if not isinstance(settings, dict):
+        raise BadRequest("'hash_settings' must be a map")
+    if len(settings) > P.MAX_HASH_SETTINGS:
+        raise BadRequest(f"'hash_settings' may hold at most {P.MAX_HASH_SETTINGS} settings")
+    for key, value in settings.items():
+        if not isinstance(key, str) or len(key) > P.MAX_SETTING_NAME_LEN:
+            raise BadRequest(
+                f"'hash_settings' names must be strings of at most {P.MAX_SETTING_NAME_LEN} characters"
+            )
+        if not (
+            value is None
+            or isinstance(value, bool | int | float)
+            or (isinstance(value, str) and len(value) <= P.MAX_TEXT_LEN)
+        ):
+            raise BadRequest(
+                f"'hash_settings' values must be numbers, booleans, null or strings of at most "
+                f"{P.MAX_TEXT_LEN} characters"
+            )
+    return settings
+
+
+def report_fields(report: Any) -> dict[str, Any]:
+    """A REPORT's data path, fallback and counters, checked and bounded; raises BadRequest."""
+    if not isinstance(report, dict):
+        raise BadRequest("'report' must be a map")
+    counters = report.get("counters", {})
+    if not isinstance(counters, dict) or not all(
+        isinstance(k, str) and isinstance(v, int | float) for k, v in counters.items()
+    ):
+        raise BadRequest("'report.counters' must map names to numbers")
+    clean: dict[str, Any] = {"counters": counters}
+    if len(counters) > P.MAX_REPORT_COUNTERS or any(len(k) > P.MAX_COUNTER_NAME_LEN for k in counters):
+        kept = dict(
+            itertools.islice(
+                ((k, v) for k, v in counters.items() if len(k) <= P.MAX_COUNTER_NAME_LEN),
+                P.MAX_REPORT_COUNTERS,
+            )
+        )
+        clean = {"counters": kept, "counters_omitted": len(counters) - len(kept)}
+    for field in ("data_path", "fallback_reason", "requested_path"):
+        value = report.get(field)
+        if value is not None:
+            if not isinstance(value, str):
+                raise BadRequest(f"'report.{field}' must be a string")
+            clean[field] = value[: P.MAX_REPORT_TEXT]
+    clean["fallback"] = bool(report.get("fallback", False))
+    return clean

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from infera import __version__
 from infera.kvd import protocol as P
-from infera.kvd.conn import BadRequest, Client, Reply
+from infera.kvd.conn import BadRequest, Client, Reply, hello_info, report_fields
 
 if TYPE_CHECKING:
     from infera.kvd.arena import Arena
@@ -87,30 +87,28 @@ class Ops:
                 "version",
             )
         namespace = msg.get("namespace", "")
-        if not isinstance(namespace, str) or len(namespace) > 1024:
-            raise BadRequest("'namespace' must be a string of at most 1024 characters")
-        info: dict[str, Any] = {}
-        for field, typ in (
-            ("name", str),
-            ("pid", int),
-            ("role", str),
-            ("model", str),
-            ("hash_settings", dict),
-            ("hash_fingerprint", str),
-            ("chunk_tokens", int),
-            ("data_path", str),
-        ):
-            value = msg.get(field)
-            if value is not None:
-                if not isinstance(value, typ):
-                    raise BadRequest(f"{field!r} must be a {typ.__name__}")
-                info[field] = value
+        if not isinstance(namespace, str) or len(namespace) > P.MAX_NAMESPACE_LEN:
+            raise BadRequest(f"'namespace' must be a string of at most {P.MAX_NAMESPACE_LEN} characters")
+        info = hello_info(msg)
+        if not client.hello or namespace != client.namespace:
+            # one namespace at a time (a new HELLO replaces it), a few per connection in all
+            table = self.store.ns
+            if namespace not in client.ns_seen and len(client.ns_seen) >= P.MAX_NAMESPACES_PER_CONN:
+                table.refused_total += 1
+                raise BadRequest(
+                    f"a connection may use at most {P.MAX_NAMESPACES_PER_CONN} namespaces; reconnect"
+                )
+            try:
+                nid = self.store.ns_id(namespace)
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from None
+            if client.hello:
+                table.release(client.ns_id)
+            client.ns_seen.add(namespace)
+            client.ns_id = nid
+            client.namespace = namespace
+            client.ns_used = False
         client.info = info
-        client.namespace = namespace
-        try:
-            client.ns_id = self.store.ns_id(namespace)
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
         client.hello = True
         reply: dict[str, Any] = {
             "version": common[-1],
@@ -294,22 +292,7 @@ class Ops:
         return {"queued": queued}
 
     def op_report(self, client: Client, msg: dict[str, Any]) -> Reply:
-        report = msg.get("report")
-        if not isinstance(report, dict):
-            raise BadRequest("'report' must be a map")
-        counters = report.get("counters", {})
-        if not isinstance(counters, dict) or not all(
-            isinstance(k, str) and isinstance(v, int | float) for k, v in counters.items()
-        ):
-            raise BadRequest("'report.counters' must map names to numbers")
-        clean: dict[str, Any] = {"counters": counters}
-        for field in ("data_path", "fallback_reason", "requested_path"):
-            value = report.get(field)
-            if value is not None:
-                if not isinstance(value, str):
-                    raise BadRequest(f"'report.{field}' must be a string")
-                clean[field] = value[:500]
-        clean["fallback"] = bool(report.get("fallback", False))
+        clean = report_fields(msg.get("report"))
         if clean["fallback"] and not client.report.get("fallback"):
             log.warning(
                 "client %d (%s, pid %s) fell back to %s: %s",

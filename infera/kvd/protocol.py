@@ -32,6 +32,31 @@ MAX_FRAME = 16 << 20
 MAX_KEY_LEN = 64
 MAX_BATCH = 65536
 
+# Bounds on what one request may hold (docs/protocol.md, "Limits"). The largest legitimate frames
+# are batches of MAX_BATCH keys (a PUT of 65,536 64-byte keys is about 4.6 MB; ADOPT with as many
+# ``failed`` keys about 9 MB), so MAX_FRAME stays 16 MiB and these bound what decoding may build.
+MAX_STR_LEN = 64 << 10  # any one string or byte string of a request, in bytes
+MAX_ARRAY_LEN = 2 * MAX_BATCH  # any one array (a batch one over MAX_BATCH still gets the plain error)
+MAX_MAP_LEN = 1024  # entries of any one map
+MAX_CONTAINERS = 64  # arrays and maps in one request (the real ones have at most 4)
+MAX_ITEMS = 4 * MAX_BATCH  # elements of all arrays and maps of one request together
+CHECKED_BODY = 64 << 10  # bodies above this are decoded with the container budget
+
+# HELLO and REPORT fields, in characters. Identities (namespace, hash fingerprint, hash settings)
+# over their bound are refused with ``bad_request``; what is only displayed is cut to its bound
+# (name, role, model, data paths, fallback reasons; counters past the first MAX_REPORT_COUNTERS or
+# with longer names are left out and counted). STATS lists at most snapshot.STATS_MAX_CLIENTS
+# clients, so its reply always fits MAX_FRAME.
+MAX_NAMESPACE_LEN = 1024
+MAX_NAMESPACES_PER_CONN = 8  # distinct namespaces one connection may say HELLO with
+MAX_TEXT_LEN = 256  # name, role, model, data_path of HELLO (cut)
+MAX_FINGERPRINT_LEN = 128
+MAX_HASH_SETTINGS = 16  # keys of hash_settings; values are scalars, strings up to MAX_TEXT_LEN
+MAX_SETTING_NAME_LEN = 64
+MAX_REPORT_COUNTERS = 128  # an engine worker reports about 60
+MAX_COUNTER_NAME_LEN = 64
+MAX_REPORT_TEXT = 500  # data_path, fallback_reason, requested_path of REPORT (cut)
+
 OPS = (
     "HELLO",
     "PUT",
@@ -78,6 +103,57 @@ def decode_body(body: bytes | memoryview) -> Any:
     return msgpack.unpackb(body, raw=False, strict_map_key=False)
 
 
+class RequestTooComplex(ValueError):
+    """A request holding more arrays, maps or elements than any real request does."""
+
+
+class RequestDecoder:
+    """The daemon's decoder of request bodies, bounded so one frame cannot amplify memory.
+
+    msgpack spends one byte on an empty array, which Python turns into a 64-byte list: a 16 MiB
+    frame of them once cost 1.25 GB and a 4 s freeze. Big bodies are decoded with per-object limits
+    (``max_*_len``, native) and a count of containers and elements over the whole request (a hook
+    called once per array or map). A body of at most :data:`CHECKED_BODY` bytes cannot build more
+    than a few MB whatever it holds, so the hot path (small requests, a 1000-key LOOKUP) is decoded
+    exactly as before, at no extra cost.
+
+    Not thread-safe: the daemon decodes on its loop thread only.
+    """
+
+    __slots__ = ("_containers", "_items")
+
+    def __init__(self) -> None:
+        self._containers = 0
+        self._items = 0
+
+    def _count(self, obj: Any) -> Any:
+        self._containers += 1
+        self._items += len(obj)
+        if self._containers > MAX_CONTAINERS or self._items > MAX_ITEMS:
+            raise RequestTooComplex(
+                f"a request may hold at most {MAX_CONTAINERS} arrays and maps and {MAX_ITEMS} elements in all"
+            )
+        return obj
+
+    def decode(self, body: bytes | memoryview) -> Any:
+        """Decode one request body; raises ValueError (or a msgpack error) on garbage or excess."""
+        if len(body) <= CHECKED_BODY:  # cannot build more than a few MB: decoded as before
+            return msgpack.unpackb(body, raw=False, strict_map_key=False)
+        self._containers = self._items = 0
+        return msgpack.unpackb(
+            body,
+            raw=False,
+            strict_map_key=False,
+            max_str_len=MAX_STR_LEN,
+            max_bin_len=MAX_STR_LEN,
+            max_array_len=MAX_ARRAY_LEN,
+            max_map_len=MAX_MAP_LEN,
+            max_ext_len=0,
+            list_hook=self._count,
+            object_hook=self._count,
+        )
+
+
 class FrameTooLarge(Exception):
     """A peer announced a frame above the cap; the stream cannot be trusted any more."""
 
@@ -88,6 +164,7 @@ class FrameReader:
     def __init__(self, max_frame: int = MAX_FRAME) -> None:
         self._buf = bytearray()
         self._max = max_frame
+        self.pending = 0  # bytes of an incomplete frame held (a plain attribute: read per recv)
 
     def feed(self, data: bytes | memoryview) -> list[bytes]:
         """Append ``data``; return every complete frame body now available."""
@@ -102,15 +179,16 @@ class FrameReader:
                 raise FrameTooLarge(f"frame of {length} bytes exceeds the {self._max}-byte cap")
             if n - pos - 4 < length:
                 break
-            out.append(bytes(buf[pos + 4 : pos + 4 + length]))
+            if length <= CHECKED_BODY:
+                out.append(bytes(buf[pos + 4 : pos + 4 + length]))
+            else:  # one copy, not two: a big frame would briefly cost three times its size
+                with memoryview(buf) as view:
+                    out.append(bytes(view[pos + 4 : pos + 4 + length]))
             pos += 4 + length
         if pos:
             del buf[:pos]
+        self.pending = len(buf)
         return out
-
-    @property
-    def pending(self) -> int:
-        return len(self._buf)
 
 
 def check_key(key: Any) -> bytes:

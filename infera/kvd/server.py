@@ -2,7 +2,8 @@
 
 Single-threaded on purpose: the index and policy need no locks, and a request's cost is a dict
 lookup plus a small msgpack frame. Work that can block (disk and distributed tiers, the metrics
-endpoint) lives in threads that hand results back through :meth:`Server.call_soon`.
+endpoint) lives in threads that hand results back through :meth:`Server.call_soon`. The loop itself
+never blocks on a client: connection I/O and its bounds live in :mod:`infera.kvd.netio`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
 import selectors
 import signal
 import socket
@@ -26,6 +26,7 @@ from infera.kvd import protocol as P
 from infera.kvd.arena import Arena
 from infera.kvd.config import DaemonConfig
 from infera.kvd.conn import BadRequest, Client, Reply
+from infera.kvd.netio import NetIO
 from infera.kvd.ops import Ops
 from infera.kvd.paths import acquire_lock, clear_stale_socket, prepare_socket_dir
 from infera.kvd.snapshot import build_snapshot, hash_warnings
@@ -35,10 +36,13 @@ log = logging.getLogger("infera.kvd")
 
 _PEERCRED = struct.Struct("3i")
 LISTEN_BACKLOG = max(socket.SOMAXCONN, 4096)  # pending connects; the kernel caps it at net.core.somaxconn
-FLUSH_BLOCK_S = 2.0  # longest the loop waits for a client to drain before an fd-passing reply
+# Ops that may leave state keyed by the client's namespace id (see infera.kvd.namespaces): in RAM
+# only a PUT creates chunks; a long tier also remembers the ids that GET, LOOKUP, ... asked about.
+_NS_KEYING_OPS = frozenset(("PUT",))
+_NS_KEYING_OPS_LONG = frozenset(("PUT", "GET", "LOOKUP", "DELETE", "PREWARM", "ADOPT"))
 
 
-class Server(Ops):
+class Server(NetIO, Ops):
     """The kvd daemon. ``start()`` binds and allocates; ``serve_forever()`` runs the loop."""
 
     def __init__(self, cfg: DaemonConfig) -> None:
@@ -61,6 +65,8 @@ class Server(Ops):
         self._rbuf = bytearray(256 << 10)
         self._rview = memoryview(self._rbuf)
         self._last_tick = 0.0
+        self._init_netio()
+        self._ns_keying = _NS_KEYING_OPS
         self.snapshot_cache: dict[str, Any] = {}
         self.metrics: Any = None
         self.long: Any = None  # long tier, when configured (see infera.kvd.tiers)
@@ -98,6 +104,8 @@ class Server(Ops):
             from infera.kvd.tiers import open_long_tier
 
             self.long = open_long_tier(cfg, self)
+            self.store.ns.reclaimable_used = False  # the tier remembers ids (infera.kvd.namespaces)
+            self._ns_keying = _NS_KEYING_OPS_LONG
         if cfg.metrics_port:
             from infera.kvd.metrics import MetricsServer
 
@@ -183,10 +191,12 @@ class Server(Ops):
         last_event = 0.0
         try:
             while not self.stopping:
+                # frames waiting for their turn and the accept back-off shorten the sleep
+                idle = self._io_turn() if self._ready or self._accept_resume_at else 0.25
                 # Right after traffic, poll instead of sleeping for a short window: a request
                 # that follows within it is seen at once, without waking an idle CPU (tens of
                 # microseconds on virtual machines). --busy-poll-us 0 turns this off.
-                timeout = 0.0 if spin and time.monotonic() - last_event < spin else 0.25
+                timeout = 0.0 if spin and time.monotonic() - last_event < spin else idle
                 events = self.sel.select(timeout=timeout)
                 if events:
                     last_event = time.monotonic()
@@ -202,7 +212,7 @@ class Server(Ops):
                         if mask & selectors.EVENT_READ:
                             self._on_readable(client)
                         if mask & selectors.EVENT_WRITE and not client.closed:
-                            self._flush(client)
+                            self._on_writable(client)
                 while self._soon:
                     self._soon.popleft()()
                 now = time.monotonic()
@@ -253,8 +263,9 @@ class Server(Ops):
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                log.warning("accept failed: %s", exc)
+                self._accept_failed(exc)  # EMFILE and co.: rest the listener (netio)
                 return
+            self._accepted()
             pid, uid, gid = _PEERCRED.unpack(
                 sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
             )
@@ -282,37 +293,15 @@ class Server(Ops):
             self.next_client += 1
             self.connections_total += 1
             self.clients[client.id] = client
-            self.sel.register(sock, selectors.EVENT_READ, ("client", client))
-
-    def _on_readable(self, client: Client) -> None:
-        try:
-            n = client.sock.recv_into(self._rbuf)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            self._drop(client, f"read error: {exc}")
-            return
-        if not n:
-            self._drop(client, "closed by peer")
-            return
-        assert client.reader is not None
-        try:
-            frames = client.reader.feed(self._rview[:n])
-        except P.FrameTooLarge as exc:
-            self.protocol_errors_total += 1
-            self._send(client, {"id": 0, "ok": False, "error": "too_large", "message": str(exc)})
-            self._flush(client)
-            self._drop(client, str(exc))
-            return
-        for body in frames:
-            if client.closed:
-                return
-            self._handle_frame(client, body)
+            self._interest(client)  # registers it for reading
 
     def _handle_frame(self, client: Client, body: bytes) -> None:
         client.requests += 1
         try:
-            msg = P.decode_body(body)
+            # small bodies cannot amplify memory: decoded as ever; big ones within a budget
+            msg = P.decode_body(body) if len(body) <= P.CHECKED_BODY else self.net.decoder.decode(body)
+        except P.RequestTooComplex as exc:
+            msg, error = None, str(exc)
         except Exception as exc:
             msg = None
             error = f"frame is not valid msgpack: {type(exc).__name__}"
@@ -329,65 +318,11 @@ class Server(Ops):
             raise BadRequest(f"unknown op {op!r}", "unknown_op")
         if not client.hello and op not in ("HELLO", "PING", "STATS"):
             raise BadRequest(f"{op} before HELLO")
+        if not client.ns_used and op in self._ns_keying:
+            client.ns_used = True  # its namespace id may now key chunks or long-tier state
+            assert self.store is not None
+            self.store.ns.mark_used(client.ns_id)
         return handler(client, msg)
-
-    def _send(self, client: Client, msg: dict[str, Any], fds: list[int] | None = None) -> None:
-        frame = P.encode(msg)
-        if fds:
-            # Ancillary data must go out with the first byte of this frame: flush what is queued
-            # first (blocking briefly), then send the frame with the descriptors attached.
-            self._flush(client, block=True)
-            try:
-                client.sock.setblocking(True)
-                sent = socket.send_fds(client.sock, [frame], fds)
-                client.sock.setblocking(False)
-            except OSError as exc:
-                self._drop(client, f"write error: {exc}")
-                return
-            if sent < len(frame):
-                client.out += frame[sent:]
-                self._flush(client)
-            return
-        if client.out:
-            client.out += frame
-            return
-        try:
-            sent = client.sock.send(frame)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError as exc:
-            self._drop(client, f"write error: {exc}")
-            return
-        if sent < len(frame):
-            client.out += frame[sent:]
-            self._want_write(client, True)
-
-    def _flush(self, client: Client, block: bool = False) -> None:
-        deadline = time.monotonic() + FLUSH_BLOCK_S
-        while client.out and not client.closed:
-            try:
-                n = client.sock.send(client.out)
-            except (BlockingIOError, InterruptedError):
-                if block:
-                    if time.monotonic() > deadline:
-                        self._drop(client, "not reading its replies")
-                        return
-                    select.select([], [client.sock], [], 0.05)
-                    continue
-                self._want_write(client, True)
-                return
-            except OSError as exc:
-                self._drop(client, f"write error: {exc}")
-                return
-            del client.out[:n]
-        self._want_write(client, False)
-
-    def _want_write(self, client: Client, on: bool) -> None:
-        if client.closed or client.want_write == on:
-            return
-        client.want_write = on
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if on else 0)
-        self.sel.modify(client.sock, events, ("client", client))
 
     def _drop(self, client: Client, why: str) -> None:
         if client.closed:
@@ -410,6 +345,9 @@ class Server(Ops):
             )
         client.leases.clear()
         client.reservations.clear()
+        if client.hello:
+            store.ns.release(client.ns_id)
+        self._forget_io(client)
         with contextlib.suppress(Exception):
             self.sel.unregister(client.sock)
         client.sock.close()

@@ -14,12 +14,22 @@ from infera.kvd import protocol as P
 if TYPE_CHECKING:
     from infera.kvd.server import Server
 
+# Clients listed in STATS. With every HELLO and REPORT field at its bound (infera.kvd.protocol) an
+# entry is at most ~70 KB of msgpack, so 64 of them make a reply of at most ~4.5 MB: well under the
+# 16 MiB frame cap, and cheap enough to encode on the loop for every STATS.
+STATS_MAX_CLIENTS = 64
+
 
 def build_snapshot(server: Server) -> dict[str, Any]:
     """Everything ``kvd stat --json`` prints; refreshed by the loop once a second and on STATS."""
     assert server.store is not None
     snap = server.store.snapshot()
-    clients = [c.public() for c in server.clients.values() if c.hello]
+    hello = [c for c in server.clients.values() if c.hello]
+    # Oldest first (engines are long-lived); a bounded list keeps every reply under the frame cap.
+    clients = [c.public() for c in hello[:STATS_MAX_CLIENTS]]
+    names = sorted({c.namespace for c in hello})
+    table = server.store.ns
+    snap.update(server.netio_stats())
     snap.update(
         {
             "version": __version__,
@@ -30,9 +40,14 @@ def build_snapshot(server: Server) -> dict[str, Any]:
             "connections_total": server.connections_total,
             "refused_total": server.refused_total,
             "protocol_errors_total": server.protocol_errors_total,
-            "clients_connected": len(clients),
+            "clients_connected": len(hello),
             "clients": clients,
-            "namespaces": sorted({c["namespace"] for c in clients}),
+            "clients_omitted": len(hello) - len(clients),
+            "namespaces": names[:STATS_MAX_CLIENTS],
+            "namespaces_omitted": max(0, len(names) - STATS_MAX_CLIENTS),
+            "namespace_ids_in_use": len(table),
+            "namespace_ids_freed_total": table.freed_total,
+            "namespace_refused_total": table.refused_total,
             "long_backend": server.cfg.long_backend,
             "warnings": hash_warnings(clients),
         }

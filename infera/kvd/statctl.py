@@ -91,7 +91,8 @@ def render_text(stats: dict[str, Any], all_fields: bool = False) -> str:
         for key in sorted(k for k in stats if k not in skip):
             lines.append(f"{key:<24}{stats[key]}")
     clients = stats.get("clients", [])
-    lines.append(f"{'clients':<24}{len(clients)}")
+    omitted = stats.get("clients_omitted", 0)
+    lines.append(f"{'clients':<24}{len(clients)}" + (f" (and {omitted} more, not listed)" if omitted else ""))
     for c in clients:
         path = c.get("data_path", "arena")
         if c.get("fallback"):

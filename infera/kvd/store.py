@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from infera.kvd.arena import ALIGN, Allocator, align_up
+from infera.kvd.namespaces import Namespaces
 from infera.kvd.protocol import RETENTION_CODE, RETENTIONS
 
 NONE, EPHEMERAL, SHORT, LONG = (RETENTION_CODE[r] for r in RETENTIONS)
@@ -133,8 +134,9 @@ class Store:
         self._seq = itertools.count()
         self._by_expiry: OrderedDict[bytes, Chunk] = OrderedDict()  # ephemeral, in seal order
         self._full_at: int | None = None  # within reserve_many: smallest size refused "full"
-        self.namespaces: dict[str, int] = {}
-        self.ns_names: list[str] = []
+        self.ns = Namespaces()  # ids are counted and reused (see infera.kvd.namespaces)
+        self.namespaces: dict[str, int] = self.ns.ids
+        self.ns_names: list[str] = self.ns.names
         self.bytes_stored = 0
         # Hooks the long tier installs (see tiers/): called with the chunk.
         self.on_seal: Callable[[Chunk], None] | None = None
@@ -168,14 +170,9 @@ class Store:
 
     # -- namespaces -------------------------------------------------------------------------
     def ns_id(self, name: str) -> int:
-        nid = self.namespaces.get(name)
-        if nid is None:
-            if len(self.ns_names) >= 0xFFFF:
-                raise ValueError("too many namespaces")
-            nid = len(self.ns_names)
-            self.namespaces[name] = nid
-            self.ns_names.append(name)
-        return nid
+        """The id of namespace ``name``, counted as held once more until ``self.ns.release``.
+        Raises ValueError when every id is in use."""
+        return self.ns.acquire(name, lambda: itertools.chain(self.index, self.pending))
 
     @staticmethod
     def ikey(ns: int, key: bytes) -> bytes:

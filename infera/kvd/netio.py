@@ -1,0 +1,388 @@
+"""Connection I/O of the daemon's loop: what one client may cost the others, and no more.
+
+The loop is single-threaded (see :mod:`infera.kvd.server`), so anything that blocks it, or lets one
+connection hold unbounded memory, is paid by every engine on the host. This module holds the rules
+that keep a stuck, slow or hostile client's cost on its own connection:
+
+* Nothing here ever blocks. Replies go out from a per-connection :class:`OutQueue` when the socket
+  is writable; descriptors (the arena fd of HELLO) travel with the first byte of their own frame.
+  A client that stops reading (a SIGSTOPped engine) only grows its own queue.
+* A queue above :data:`OUT_PAUSE_BYTES` stops the loop reading that client's requests until it
+  drains below :data:`OUT_RESUME_BYTES`; one above :data:`OUT_DROP_BYTES` (replies the client did
+  not ask for in this turn, e.g. answers a long tier completes later) drops the connection. The
+  queues of all clients together hold at most :data:`OUT_BUDGET_BYTES` (many connections that
+  each ask one big STATS and never read); over it, those holding the most are dropped.
+* One turn handles at most :data:`FRAMES_PER_TURN` frames of a connection, or
+  :data:`TURN_BUDGET_S` of work; the rest wait for the next turn, so a pipelined flood shares the
+  loop with everyone else (a healthy request waits at most one turn per flooding connection).
+* Partially received frames of all connections together hold at most :data:`INPUT_BUDGET_BYTES`;
+  over it, the connections whose incomplete frame began the longest ago are dropped (parked
+  ones; a client sending a big request at speed has the youngest).
+* An accept that fails for want of descriptors or memory (EMFILE, ENFILE, ...) stops watching the
+  listener for a back-off (:data:`ACCEPT_BACKOFF_S`, doubling up to :data:`ACCEPT_BACKOFF_MAX_S`)
+  instead of spinning on a listener that stays readable; logged at most once per
+  :data:`ACCEPT_LOG_EVERY_S` with the count of failures since.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import selectors
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from infera.kvd import protocol as P
+
+if TYPE_CHECKING:
+    from infera.kvd.config import DaemonConfig
+    from infera.kvd.conn import Client
+
+log = logging.getLogger("infera.kvd")
+
+OUT_PAUSE_BYTES = 4 << 20  # queued replies above which the loop stops reading a client's requests
+OUT_RESUME_BYTES = 1 << 20  # ... and below which it reads them again
+OUT_DROP_BYTES = 16 << 20  # queued replies above which a client is dropped
+OUT_BUDGET_BYTES = 32 << 20  # queued replies of all clients together
+FRAMES_PER_TURN = 64  # frames of one connection handled per loop turn
+TURN_BUDGET_S = 0.002  # ... and the time they may take (checked after each frame)
+INPUT_BUDGET_BYTES = 32 << 20  # partially received frames of all connections together
+ACCEPT_BACKOFF_S = 0.1  # first pause of the listener after a failed accept
+ACCEPT_BACKOFF_MAX_S = 1.0
+ACCEPT_LOG_EVERY_S = 60.0  # one line per episode of failed accepts, not one per failure
+_BIG = P.CHECKED_BODY  # replies above this are checked against the frame cap
+_READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
+
+
+class NetState:
+    """Counters and seldom-used state of the connection I/O, kept off the server object: CPython
+    reads attributes fastest for objects of at most 30 of them, and the server is near that."""
+
+    __slots__ = (
+        "accept_backoff",
+        "accept_errors_total",
+        "accept_failures",
+        "accept_logged_at",
+        "decoder",
+        "inbuf_bytes",
+        "input_budget_drops_total",
+        "out_total",
+        "output_dropped_total",
+        "output_paused_total",
+        "partial",
+        "replies_too_large_total",
+    )
+
+    def __init__(self) -> None:
+        self.decoder = P.RequestDecoder()
+        self.partial: set[Client] = set()  # clients holding part of a frame
+        self.inbuf_bytes = 0
+        self.out_total = 0  # bytes queued in the OutQueues of all live clients
+        self.accept_backoff = ACCEPT_BACKOFF_S
+        self.accept_failures = 0  # since the last line logged about them
+        self.accept_logged_at = float("-inf")
+        self.accept_errors_total = 0
+        self.output_paused_total = 0
+        self.output_dropped_total = 0
+        self.input_budget_drops_total = 0
+        self.replies_too_large_total = 0
+
+
+class NetIO:
+    """Mixin of the loop's connection I/O; :class:`infera.kvd.server.Server` provides the state."""
+
+    cfg: DaemonConfig
+    sel: selectors.BaseSelector
+    clients: dict[int, Client]
+    listener: socket.socket | None
+    protocol_errors_total: int
+    _rbuf: bytearray
+    _rview: memoryview
+
+    def _drop(self, client: Client, why: str) -> None:  # provided by Server
+        raise NotImplementedError
+
+    def _handle_frame(self, client: Client, body: bytes) -> None:  # provided by Server
+        raise NotImplementedError
+
+    def _init_netio(self) -> None:
+        self.net = NetState()
+        self._ready: dict[int, Client] = {}  # clients with frames waiting for a turn, in order
+        self._accept_resume_at = 0.0  # when to watch the listener again after a failed accept
+
+    def netio_stats(self) -> dict[str, Any]:
+        """This module's counters, for the STATS snapshot."""
+        net = self.net
+        return {
+            "accept_errors_total": net.accept_errors_total,
+            "output_paused_total": net.output_paused_total,
+            "output_dropped_total": net.output_dropped_total,
+            "input_budget_drops_total": net.input_budget_drops_total,
+            "replies_too_large_total": net.replies_too_large_total,
+            "input_buffered_bytes": net.inbuf_bytes,
+            "output_queued_bytes": net.out_total,
+        }
+
+    # -- the loop's share ----------------------------------------------------------------------
+    def _io_turn(self) -> float:
+        """Between two selects: give clients with waiting frames their turn, re-arm the listener
+        after an accept back-off. Returns how long the next select may sleep."""
+        if self._ready:
+            ready, self._ready = self._ready, {}
+            for client in ready.values():
+                if not client.closed:  # a client may drop another (input budget)
+                    self._run_inbox(client)
+        wait = 0.0 if self._ready else 0.25
+        if self._accept_resume_at:
+            left = self._accept_resume_at - time.monotonic()
+            if left <= 0:
+                self._accept_resume_at = 0.0
+                if self.listener is not None:
+                    self.sel.register(self.listener, _READ, ("accept", None))
+            else:
+                wait = min(wait, left)
+        return wait
+
+    # -- reading -------------------------------------------------------------------------------
+    def _on_readable(self, client: Client) -> None:
+        try:
+            n = client.sock.recv_into(self._rbuf)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._drop(client, f"read error: {exc}")
+            return
+        if not n:
+            self._drop(client, "closed by peer")
+            return
+        reader = client.reader
+        assert reader is not None
+        try:
+            frames = reader.feed(self._rview[:n])
+        except P.FrameTooLarge as exc:
+            self.protocol_errors_total += 1
+            self._send_last(client, "too_large", str(exc))
+            return
+        after = reader.pending
+        if after or client.inbuf:
+            self._account_input(client, after, bool(frames))
+            if client.closed:
+                return
+        if len(frames) == 1 and not client.inbox:  # the common case: one request, one turn
+            self._handle_frame(client, frames[0])
+            return
+        if not frames:
+            return
+        client.inbox.extend(frames)
+        self._run_inbox(client)
+
+    def _run_inbox(self, client: Client) -> None:
+        """Handle up to FRAMES_PER_TURN waiting frames, fewer if the client's replies pile up."""
+        inbox = client.inbox
+        n = FRAMES_PER_TURN
+        end = time.monotonic() + TURN_BUDGET_S
+        while inbox and n and not client.out_paused and not client.closed:
+            self._handle_frame(client, inbox.popleft())
+            n -= 1
+            if time.monotonic() > end:
+                break
+        if client.closed:
+            return
+        if inbox and not client.out_paused:
+            self._ready[client.id] = client
+        self._interest(client)
+
+    def _account_input(self, client: Client, after: int, completed: bool) -> None:
+        """Keep partially received frames of all clients within INPUT_BUDGET_BYTES: over it, drop
+        those whose incomplete frame began the longest ago. A parked connection's frame stays old
+        however it trickles; a legitimate big request arrives at speed, so its frame is young."""
+        net = self.net
+        if not client.inbuf or completed:  # the bytes held belong to a frame begun just now
+            client.partial_since = time.monotonic()
+        net.inbuf_bytes += after - client.inbuf
+        client.inbuf = after
+        if not after:
+            net.partial.discard(client)
+            return
+        net.partial.add(client)
+        if net.inbuf_bytes <= INPUT_BUDGET_BYTES:
+            return
+        for victim in sorted(net.partial, key=lambda c: c.partial_since):
+            if net.inbuf_bytes <= INPUT_BUDGET_BYTES:
+                break
+            net.input_budget_drops_total += 1
+            log.warning(
+                "client %d (pid %s) dropped: its partial frame of %d bytes is over the daemon's "
+                "%d-byte input budget",
+                victim.id,
+                victim.info.get("pid", victim.peer_pid),
+                victim.inbuf,
+                INPUT_BUDGET_BYTES,
+            )
+            self._send_last(victim, "too_large", "over the daemon's input budget")
+
+    def _forget_io(self, client: Client) -> None:
+        """A connection going away gives back its share of both budgets (from ``_drop``)."""
+        self.net.out_total -= client.out.size
+        client.out.size = 0
+        if client.inbuf:
+            self.net.partial.discard(client)
+            self.net.inbuf_bytes -= client.inbuf
+            client.inbuf = 0
+        self._ready.pop(client.id, None)
+        client.inbox.clear()
+
+    # -- writing -------------------------------------------------------------------------------
+    def _send(self, client: Client, msg: dict[str, Any], fds: list[int] | None = None) -> None:
+        """Queue one reply; never blocks. Sent at once when nothing is queued before it."""
+        frame = P.encode(msg)
+        if len(frame) > _BIG and len(frame) - 4 > self.cfg.max_frame:
+            self.net.replies_too_large_total += 1
+            log.warning("a %d-byte reply to client %d exceeds the frame cap", len(frame), client.id)
+            fds = None
+            frame = P.encode(
+                {
+                    "id": msg.get("id", 0),
+                    "ok": False,
+                    "error": "too_large",
+                    "message": f"the reply ({len(frame)} bytes) would exceed the frame cap",
+                }
+            )
+        out = client.out
+        if not out.size:  # nothing queued before it: straight to the kernel
+            try:
+                sent = socket.send_fds(client.sock, [frame], fds) if fds else client.sock.send(frame)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                self._drop(client, f"write error: {exc}")
+                return
+            if sent == len(frame):
+                return
+            out.push(memoryview(frame)[sent:], None if sent else fds)
+            self.net.out_total += len(frame) - sent
+        else:
+            out.push(frame, fds)
+            self.net.out_total += len(frame)
+        if self.net.out_total > OUT_BUDGET_BYTES:
+            self._shed_output()
+            if client.closed:
+                return
+        if out.size > OUT_PAUSE_BYTES:
+            if out.size > OUT_DROP_BYTES:
+                self.net.output_dropped_total += 1
+                log.warning(
+                    "client %d (pid %s) dropped: %d bytes of replies queued, over %d",
+                    client.id,
+                    client.info.get("pid", client.peer_pid),
+                    out.size,
+                    OUT_DROP_BYTES,
+                )
+                self._drop(client, "not reading its replies")
+                return
+            if not client.out_paused:
+                client.out_paused = True
+                self.net.output_paused_total += 1
+                if not client.out_logged:
+                    client.out_logged = True
+                    log.warning(
+                        "client %d (pid %s) is not reading its replies: %d bytes queued; its "
+                        "requests wait until it catches up (logged once per connection)",
+                        client.id,
+                        client.info.get("pid", client.peer_pid),
+                        out.size,
+                    )
+        self._interest(client)
+
+    def _shed_output(self) -> None:
+        """Over the daemon-wide budget of queued replies: drop the clients holding the most."""
+        net = self.net
+        for victim in sorted((c for c in self.clients.values() if c.out.size), key=lambda c: -c.out.size):
+            if net.out_total <= OUT_BUDGET_BYTES:
+                break
+            net.output_dropped_total += 1
+            log.warning(
+                "client %d (pid %s) dropped: %d bytes of replies queued while all clients together "
+                "hold over %d",
+                victim.id,
+                victim.info.get("pid", victim.peer_pid),
+                victim.out.size,
+                OUT_BUDGET_BYTES,
+            )
+            self._drop(victim, "not reading its replies")
+
+    def _flush(self, client: Client) -> None:
+        """Hand the kernel what it takes of a client's queue; raises OSError if the socket broke."""
+        out = client.out
+        before = out.size
+        try:
+            out.flush(client.sock)
+        finally:
+            self.net.out_total -= before - out.size
+
+    def _send_last(self, client: Client, code: str, why: str) -> None:
+        """Say why (best effort, without waiting) and hang up."""
+        self._send(client, {"id": 0, "ok": False, "error": code, "message": why})
+        if not client.closed:
+            with contextlib.suppress(OSError):
+                self._flush(client)
+        self._drop(client, why)
+
+    def _on_writable(self, client: Client) -> None:
+        try:
+            self._flush(client)
+        except OSError as exc:
+            self._drop(client, f"write error: {exc}")
+            return
+        if client.out_paused and client.out.size <= OUT_RESUME_BYTES:
+            client.out_paused = False
+            if client.inbox:
+                self._ready[client.id] = client
+        self._interest(client)
+
+    def _interest(self, client: Client) -> None:
+        """Watch a client for what it can use now: requests unless its replies pile up or frames
+        of it wait for a turn, writability while replies are queued."""
+        want = (0 if client.inbox or client.out_paused else _READ) | (_WRITE if client.out.size else 0)
+        have = client.events
+        if want == have or client.closed:
+            return
+        client.events = want
+        if not want:
+            self.sel.unregister(client.sock)
+        elif not have:
+            self.sel.register(client.sock, want, ("client", client))
+        else:
+            self.sel.modify(client.sock, want, ("client", client))
+
+    # -- accepting -----------------------------------------------------------------------------
+    def _accept_failed(self, exc: OSError) -> None:
+        """An accept failed: count it; for want of resources, rest the listener for a while."""
+        net = self.net
+        net.accept_errors_total += 1
+        if exc.errno in (errno.ECONNABORTED, errno.EPROTO):
+            return  # that one connection is gone; the next may be fine
+        net.accept_failures += 1
+        now = time.monotonic()
+        if now - net.accept_logged_at >= ACCEPT_LOG_EVERY_S:
+            log.warning(
+                "accept failed (%d times since the last report): %s; new connections wait "
+                "%.1f-%.1f s at a time (reported at most once a minute)",
+                net.accept_failures,
+                exc,
+                ACCEPT_BACKOFF_S,
+                ACCEPT_BACKOFF_MAX_S,
+            )
+            net.accept_logged_at = now
+            net.accept_failures = 0
+        if self.listener is not None and not self._accept_resume_at:
+            with contextlib.suppress(KeyError, ValueError):
+                self.sel.unregister(self.listener)
+            self._accept_resume_at = now + net.accept_backoff
+            net.accept_backoff = min(net.accept_backoff * 2, ACCEPT_BACKOFF_MAX_S)
+
+    def _accepted(self) -> None:
+        """An accept succeeded: the next failure starts with a short back-off again."""
+        self.net.accept_backoff = ACCEPT_BACKOFF_S
