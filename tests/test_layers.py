@@ -92,22 +92,12 @@ DAEMON_TOP = ("infera.kvd.server", "infera.kvd.ops", "infera.kvd.daemon")
 
 #: (importer, imported, how) -> why it is still there and what removes it. May only shrink.
 KNOWN_BREAKS: dict[tuple[str, str, str], str] = {
-    **{
-        (f"infera.kvd.tiers{sub}", "infera.kvd.server", "type"): (
-            "the tiers hold the whole Server for call_soon/store/arena; they get a narrow TierHost "
-            "(architecture issue, tier contract; review-2026-12 §5.2 and §6.1)"
-        )
-        for sub in ("", ".disk", ".remote", ".l4link", ".mooncake", ".lmcache")
-    },
     ("infera.kvd.metrics", "infera.kvd.server", "type"): "metrics get a StatsSource (review-2026-12 §6.1)",
     (
         "infera.kvd.snapshot",
         "infera.kvd.server",
         "type",
     ): "the snapshot gets a StatsSource (review-2026-12 §6.1)",
-    ("infera.kvd.tiers.diskread", "infera.kvd.tiers.disk", "type"): (
-        "the disk/diskread loop; the tier pipeline removes it (review-2026-12 §5.1 and §6.2)"
-    ),
 }
 
 #: Third-party imports some layers must never make. "lazy" ones (inside a function) are allowed

@@ -18,7 +18,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infera import __version__
 from infera.errors import KvdError
@@ -30,6 +30,9 @@ from infera.kvd.ops import Ops
 from infera.kvd.paths import acquire_lock, clear_stale_socket, prepare_socket_dir
 from infera.kvd.snapshot import build_snapshot, hash_warnings
 from infera.kvd.store import Store
+
+if TYPE_CHECKING:
+    from infera.kvd.tiers.base import LongTier
 
 log = logging.getLogger("infera.kvd")
 
@@ -63,7 +66,7 @@ class Server(Ops):
         self._last_tick = 0.0
         self.snapshot_cache: dict[str, Any] = {}
         self.metrics: Any = None
-        self.long: Any = None  # long tier, when configured (see infera.kvd.tiers)
+        self.long: LongTier | None = None  # long tier, when configured (see infera.kvd.tiers)
         self.handlers: dict[str, Callable[[Client, dict[str, Any]], Reply]] = {
             "HELLO": self.op_hello,
             "PING": self.op_ping,
@@ -96,8 +99,9 @@ class Server(Ops):
         self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
         if cfg.long_backend is not None:
             from infera.kvd.tiers import open_long_tier
+            from infera.kvd.tiers.base import Host
 
-            self.long = open_long_tier(cfg, self)
+            self.long = open_long_tier(cfg, Host(self.store, self.arena, self.call_soon))
         if cfg.metrics_port:
             from infera.kvd.metrics import MetricsServer
 

@@ -30,7 +30,7 @@ from infera.kvd.tiers.transport import HEADER, Region, Transport, TransportError
 
 if TYPE_CHECKING:
     from infera.kvd.config import DaemonConfig
-    from infera.kvd.server import Server
+    from infera.kvd.tiers.base import TierHost
 
 REQUEST = struct.Struct("=iiiiiiiii150s")
 REPLY = struct.Struct("=iiiiiiiii")
@@ -239,10 +239,10 @@ class LMCacheTier(RemoteTier):
 
     backend = "lmcache"
 
-    def __init__(self, cfg: DaemonConfig, server: Server) -> None:
+    def __init__(self, cfg: DaemonConfig, host: TierHost) -> None:
         if not cfg.lmcache_url:
             raise UsageError("--long-backend lmcache needs --lmcache-url lm://HOST:PORT")
-        super().__init__(cfg, server, LMCacheTransport(cfg.lmcache_url))
+        super().__init__(cfg, host, LMCacheTransport(cfg.lmcache_url))
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()

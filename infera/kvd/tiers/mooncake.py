@@ -30,7 +30,7 @@ from infera.kvd.tiers.transport import HEADER, Region, Transport, TransportError
 
 if TYPE_CHECKING:
     from infera.kvd.config import DaemonConfig
-    from infera.kvd.server import Server
+    from infera.kvd.tiers.base import TierHost
 
 NAME_PREFIX = "kvd1"
 PROBE_TIMEOUT_S = 0.5
@@ -259,7 +259,7 @@ class MooncakeTier(RemoteTier):
 
     backend = "mooncake"
 
-    def __init__(self, cfg: DaemonConfig, server: Server) -> None:
+    def __init__(self, cfg: DaemonConfig, host: TierHost) -> None:
         if not cfg.mooncake_master:
             raise UsageError("--long-backend mooncake needs --mooncake-master HOST:PORT")
         transport = MooncakeTransport(
@@ -270,7 +270,7 @@ class MooncakeTier(RemoteTier):
             cfg.mooncake_segment_bytes,
             cfg.mooncake_buffer_bytes,
         )
-        super().__init__(cfg, server, transport)
+        super().__init__(cfg, host, transport)
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()
