@@ -24,7 +24,6 @@ its write-through pipeline installs (:mod:`.pipeline`). :mod:`.base` says how a 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from typing import TYPE_CHECKING
 
 from infera.errors import UsageError
@@ -33,23 +32,12 @@ if TYPE_CHECKING:
     from infera.kvd.config import DaemonConfig
     from infera.kvd.tiers.base import LongTier, TierHost
 
-# backend name -> (module, class); a backend whose module is missing is not offered.
+# backend name -> (module, class)
 BACKENDS = {
     "disk": ("infera.kvd.tiers.disk", "DiskTier"),
     "mooncake": ("infera.kvd.tiers.mooncake", "MooncakeTier"),
     "lmcache": ("infera.kvd.tiers.lmcache", "LMCacheTier"),
 }
-
-
-def _available() -> tuple[str, ...]:
-    names = []
-    for name, (mod, _cls) in BACKENDS.items():
-        if importlib.util.find_spec(mod) is not None:
-            names.append(name)
-    return tuple(names)
-
-
-SUPPORTED: tuple[str, ...] = _available()
 
 
 def open_long_tier(cfg: DaemonConfig, host: TierHost) -> LongTier:

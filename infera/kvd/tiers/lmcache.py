@@ -24,7 +24,6 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from infera.errors import UsageError
 from infera.kvd.tiers.remote import RemoteTier
 from infera.kvd.tiers.transport import HEADER, Region, Transport, TransportError
 
@@ -240,8 +239,7 @@ class LMCacheTier(RemoteTier):
     backend = "lmcache"
 
     def __init__(self, cfg: DaemonConfig, host: TierHost) -> None:
-        if not cfg.lmcache_url:
-            raise UsageError("--long-backend lmcache needs --lmcache-url lm://HOST:PORT")
+        assert cfg.lmcache_url is not None  # build_config checked the flags
         super().__init__(cfg, host, LMCacheTransport(cfg.lmcache_url))
 
     def stats(self) -> dict[str, Any]:
