@@ -19,12 +19,9 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from infera.errors import KvdError
-
-if TYPE_CHECKING:
-    from infera.kvd.server import Server
 
 log = logging.getLogger("infera.kvd.metrics")
 
@@ -111,10 +108,17 @@ def _response(status: str, body: bytes, content_type: str = "text/plain; charset
     return head.encode() + body
 
 
+class StatsSource(Protocol):
+    """What the endpoint reads of the daemon: the snapshot the loop publishes."""
+
+    @property
+    def snapshot_cache(self) -> dict[str, Any]: ...
+
+
 class MetricsServer:
     """The endpoint: one thread, one selector, every connection bounded in number and time."""
 
-    def __init__(self, server: Server, port: int) -> None:
+    def __init__(self, server: StatsSource, port: int) -> None:
         self.server = server
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

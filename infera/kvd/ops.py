@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any
 from infera import __version__
 from infera.kvd import protocol as P
 from infera.kvd.conn import BadRequest, Client, Reply, hello_info, report_fields
+from infera.kvd.tiers.base import FileBackedTier
 
 if TYPE_CHECKING:
     from infera.kvd.arena import Arena
     from infera.kvd.config import DaemonConfig
     from infera.kvd.store import Store
+    from infera.kvd.tiers.base import LongTier
 
 log = logging.getLogger("infera.kvd")
 
@@ -29,7 +31,7 @@ class Ops:
     cfg: DaemonConfig
     store: Store | None
     arena: Arena | None
-    long: Any
+    long: LongTier | None
     snapshot_cache: dict[str, Any]
 
     def refresh_snapshot(self) -> None:  # provided by Server
@@ -186,15 +188,15 @@ class Ops:
         assert store is not None
         keys = self._keys(msg)
         ikeys = self.ikeys(client, keys)
-        fetch = getattr(self.long, "fetch", None)
+        long = self.long
         # ram_only: the caller reads long-tier misses itself (GPU-direct); no promotion, and
         # what it will read is not counted as a miss here (it reports its own counters)
         ram_only = bool(msg.get("ram_only", False))
-        if fetch is not None and not msg.get("_resumed") and not ram_only:
+        if long is not None and not msg.get("_resumed") and not ram_only:
             # RAM misses the long tier holds are read into the arena by its threads; the reply
             # waits for them (see resume), the loop does not.
             index = store.index
-            if any(k not in index for k in ikeys) and fetch(
+            if any(k not in index for k in ikeys) and long.fetch(
                 ikeys, lambda: self.resume(client, msg, self.op_get)
             ):
                 return None
@@ -203,13 +205,9 @@ class Ops:
         direct = 0
         for ikey in ikeys:
             chunk = store.find(ikey)
-            if chunk is None and ram_only and self.long is not None and self.long.contains(ikey):
-                items.append(None)
-                direct += 1
-                continue
-            if chunk is None and self.long is not None:
-                chunk = self.long.promote(ikey)
             if chunk is None:
+                if ram_only and long is not None and long.contains(ikey):
+                    direct += 1
                 items.append(None)
                 continue
             store.lease(chunk)
@@ -218,14 +216,15 @@ class Ops:
             client.leases[token] = chunk
             items.append([token, chunk.offset, chunk.length])
             hits += 1
+        misses = len(keys) - hits - direct
         c = store.c
         c["gets_total"] += len(keys) - direct
         c["hits_total"] += hits
-        c["misses_total"] += len(keys) - hits - direct
+        c["misses_total"] += misses
         if direct:
             c["gets_direct_total"] = c.get("gets_direct_total", 0) + direct
-        if self.long is not None:
-            self.long.count_get(len(keys), hits)
+        if long is not None and misses:
+            long.count_misses(misses)  # found neither in RAM nor (any more) on the long tier
         return {"items": items}
 
     def op_release(self, client: Client, msg: dict[str, Any]) -> Reply:
@@ -309,16 +308,16 @@ class Ops:
         """Chunk files the client wrote itself under the disk tier's path (GPU-direct): index
         them, so LOOKUP, capacity and eviction cover them. ``failed`` names chunks the client
         reserved with ``persisted`` but could not write: the daemon writes those through."""
-        adopt = getattr(self.long, "adopt", None)
-        if adopt is None:
+        long = self.long
+        if not isinstance(long, FileBackedTier):
             raise BadRequest("ADOPT needs the disk long tier (--long-path)", "unsupported")
         keys = self._keys(msg)
         lengths = self._ints(msg, "lengths")
         if len(lengths) != len(keys) or any(n < 0 for n in lengths):
             raise BadRequest("'keys' and 'lengths' must have the same length (lengths >= 0)")
         failed = self._keys(msg, "failed") if msg.get("failed") else []
-        adopted = adopt(self.ikeys(client, keys), lengths)
-        rewritten = self.long.write_through(self.ikeys(client, failed)) if failed else 0
+        adopted = long.adopt(self.ikeys(client, keys), lengths)
+        rewritten = long.write_through(self.ikeys(client, failed)) if failed else 0
         return None if msg.get("noreply") else {"adopted": adopted, "written_through": rewritten}
 
     def op_stats(self, client: Client, msg: dict[str, Any]) -> Reply:

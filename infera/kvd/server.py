@@ -18,7 +18,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infera import __version__
 from infera.errors import KvdError
@@ -31,6 +31,9 @@ from infera.kvd.ops import Ops
 from infera.kvd.paths import acquire_lock, clear_stale_socket, prepare_socket_dir
 from infera.kvd.snapshot import build_snapshot, hash_warnings
 from infera.kvd.store import Store
+
+if TYPE_CHECKING:
+    from infera.kvd.tiers.base import LongTier
 
 log = logging.getLogger("infera.kvd")
 
@@ -69,7 +72,7 @@ class Server(NetIO, Ops):
         self._ns_keying = _NS_KEYING_OPS
         self.snapshot_cache: dict[str, Any] = {}
         self.metrics: Any = None
-        self.long: Any = None  # long tier, when configured (see infera.kvd.tiers)
+        self.long: LongTier | None = None  # long tier, when configured (see infera.kvd.tiers)
         self.handlers: dict[str, Callable[[Client, dict[str, Any]], Reply]] = {
             "HELLO": self.op_hello,
             "PING": self.op_ping,
@@ -102,8 +105,9 @@ class Server(NetIO, Ops):
         self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
         if cfg.long_backend is not None:
             from infera.kvd.tiers import open_long_tier
+            from infera.kvd.tiers.base import Host
 
-            self.long = open_long_tier(cfg, self)
+            self.long = open_long_tier(cfg, Host(self.store, self.arena, self.call_soon))
             self.store.ns.reclaimable_used = False  # the tier remembers ids (infera.kvd.namespaces)
             self._ns_keying = _NS_KEYING_OPS_LONG
         if cfg.metrics_port:

@@ -5,14 +5,17 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from infera import __version__
 from infera.keyrules import fingerprint_conflicts
 from infera.kvd import protocol as P
 
 if TYPE_CHECKING:
-    from infera.kvd.server import Server
+    from infera.kvd.config import DaemonConfig
+    from infera.kvd.conn import Client
+    from infera.kvd.store import Store
+    from infera.kvd.tiers.base import LongTier
 
 # Clients listed in STATS. With every HELLO and REPORT field at its bound (infera.kvd.protocol) an
 # entry is at most ~70 KB of msgpack, so 64 of them make a reply of at most ~4.5 MB: well under the
@@ -20,7 +23,29 @@ if TYPE_CHECKING:
 STATS_MAX_CLIENTS = 64
 
 
-def build_snapshot(server: Server) -> dict[str, Any]:
+class StatsSource(Protocol):
+    """What the snapshot reads of the daemon (the server provides it)."""
+
+    @property
+    def cfg(self) -> DaemonConfig: ...
+    @property
+    def store(self) -> Store | None: ...
+    @property
+    def long(self) -> LongTier | None: ...
+    @property
+    def clients(self) -> Mapping[int, Client]: ...
+    @property
+    def started(self) -> float: ...
+    @property
+    def connections_total(self) -> int: ...
+    @property
+    def refused_total(self) -> int: ...
+    @property
+    def protocol_errors_total(self) -> int: ...
+    def netio_stats(self) -> dict[str, Any]: ...
+
+
+def build_snapshot(server: StatsSource) -> dict[str, Any]:
     """Everything ``kvd stat --json`` prints; refreshed by the loop once a second and on STATS."""
     assert server.store is not None
     snap = server.store.snapshot()

@@ -16,8 +16,9 @@ from services import free_port
 from helpers import Daemon
 from infera.errors import UsageError
 from infera.kvd.config import build_config
+from infera.kvd.flags import parse_master
 from infera.kvd.tiers.lmcache import MAX_KEY, lmcache_name
-from infera.kvd.tiers.mooncake import mooncake_name, parse_master
+from infera.kvd.tiers.mooncake import mooncake_name
 
 BASE: dict[str, Any] = {
     "socket": "/tmp/x.sock",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from infera.kvd import chunkfile as cf
-from infera.kvd.tiers import diskio
+from infera.kvd.tiers import diskfs, diskscan
 
 
 def test_roundtrip_and_path_is_derived_from_namespace_and_key(tmp_path: Path) -> None:
@@ -116,7 +116,7 @@ def test_scan_indexes_names_sizes_and_sweeps_stale_temps(tmp_path: Path) -> None
     other = tmp_path / "v2" / "00" / "x.kvcache"
     other.parent.mkdir(parents=True)
     other.write_bytes(b"future")
-    result = diskio.scan(root)
+    result = diskscan.scan(root)
     fkeys = [(e[1], e[2]) for e in result.entries]
     assert fkeys == [
         (cf.ns_digest("a")[:8] + b"k1", 4096 + 10),
@@ -124,4 +124,4 @@ def test_scan_indexes_names_sizes_and_sweeps_stale_temps(tmp_path: Path) -> None
     ], "entries must be ordered oldest first"
     assert result.other_version == 1 and result.stale_temps == 1 and result.young_temps == [young]
     assert not os.path.exists(stale) and os.path.exists(young)
-    assert diskio.file_path(root, fkeys[1][0]) == p2
+    assert diskfs.file_path(root, fkeys[1][0]) == p2

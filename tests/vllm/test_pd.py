@@ -33,9 +33,6 @@ from infera.discovery.etcd import EtcdClient
 from infera.doctor.context import Context, DoctorOptions
 from infera.doctor.model import Status
 from infera.doctor.run import run_doctor
-from infera.kvd.tiers import SUPPORTED
-
-pytestmark = pytest.mark.skipif("disk" not in SUPPORTED, reason="the disk long tier is not in this build")
 
 P1 = prompt(11, 1000)  # 3 chunks of 256 tokens
 P2 = prompt(12, 600)  # 2 chunks

@@ -24,9 +24,6 @@ import pytest
 from engines import CONNECTOR, engine_env, prompt, run_engine
 
 from helpers import Daemon, free_port
-from infera.kvd.tiers import SUPPORTED
-
-pytestmark = pytest.mark.skipif("disk" not in SUPPORTED, reason="the disk long tier is not in this build")
 
 P5 = prompt(5, 1000)  # long: 3 chunks, on disk
 P6 = prompt(6, 600)  # short: 2 chunks, RAM only

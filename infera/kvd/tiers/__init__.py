@@ -1,34 +1,38 @@
 """Long tiers behind the RAM arena: local disk (L3) or a distributed store (L4).
 
-The long tier is disk *or* distributed, never both. A long tier object offers the server:
+The long tier is disk *or* distributed, never both. The server opens it with
+:func:`open_long_tier` and uses it through :class:`~.base.LongTier` only:
 
-* ``contains(ikey) -> bool`` and ``promote(ikey) -> Chunk | None`` (a RAM miss that the long tier
-  can serve is copied into the arena and returned sealed);
-* optionally ``fetch(ikeys, on_ready) -> bool``: start reading the RAM misses of a GET in the
-  background; when it returns True, GET defers its reply and ``on_ready()`` (called on the loop
-  thread once every read has finished) answers it through ``Server.resume``; the tier keeps the
-  request's chunks in RAM until then;
-* ``prewarm(ikeys) -> int`` (background promotion, answers at once), ``delete(ikeys) -> int``;
-* ``count_get(n, hits)``, ``stats() -> dict`` (the ``tiers.long`` section of STATS),
-  ``loading`` (True while the index is still being rebuilt), ``tick()`` (once a second on the
-  loop thread) and ``close()``.
+* GET: RAM misses go to ``fetch(ikeys, on_ready)``, which starts reading the ones the tier holds
+  in the background. When it returns True, GET defers its reply; ``on_ready()`` (on the loop
+  thread, once every read has finished or the tier's deadline passed) answers it through
+  ``Server.resume``, and the chunks of that GET already in RAM stay pinned until then. The
+  resumed GET finds the promoted chunks in RAM like any other; the keys found nowhere are
+  counted by the GET itself (``count_misses``). The loop never waits for the tier.
+* LOOKUP: ``contains_many(ikeys)`` (the distributed tier asks its store once for all of them) and
+  ``loading`` (True while the index is rebuilt or the store was never reached).
+* PREWARM: ``prewarm(ikeys) -> int`` (background reads, answers at once); DELETE:
+  ``delete(ikeys) -> int``; ADOPT: ``adopt`` / ``write_through`` of a
+  :class:`~.base.FileBackedTier` (the disk tier).
+* ``stats()`` (the ``tiers.long`` section of STATS), ``tick()`` (once a second on the loop
+  thread) and ``close()``.
 
-It installs the store's ``on_seal`` / ``on_drop`` hooks itself to see chunks arrive and leave.
+A tier sees chunks arrive and leave through the store's ``on_seal`` / ``on_drop`` hooks, which
+its write-through pipeline installs (:mod:`.pipeline`). :mod:`.base` says how a tier is built.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from infera.errors import UsageError
 
 if TYPE_CHECKING:
     from infera.kvd.config import DaemonConfig
-    from infera.kvd.server import Server
+    from infera.kvd.tiers.base import LongTier, TierHost
 
-# backend name -> (module, class); a backend whose module is missing is not offered.
+# backend name -> (module, class)
 BACKENDS = {
     "disk": ("infera.kvd.tiers.disk", "DiskTier"),
     "mooncake": ("infera.kvd.tiers.mooncake", "MooncakeTier"),
@@ -36,18 +40,7 @@ BACKENDS = {
 }
 
 
-def _available() -> tuple[str, ...]:
-    names = []
-    for name, (mod, _cls) in BACKENDS.items():
-        if importlib.util.find_spec(mod) is not None:
-            names.append(name)
-    return tuple(names)
-
-
-SUPPORTED: tuple[str, ...] = _available()
-
-
-def open_long_tier(cfg: DaemonConfig, server: Server) -> Any:
+def open_long_tier(cfg: DaemonConfig, host: TierHost) -> LongTier:
     backend = cfg.long_backend
     if backend not in BACKENDS:
         raise UsageError(f"unknown long tier backend {backend!r}")
@@ -56,4 +49,5 @@ def open_long_tier(cfg: DaemonConfig, server: Server) -> Any:
         module = importlib.import_module(mod)
     except ImportError as exc:
         raise UsageError(f"the {backend!r} long tier is not available in this build ({exc})") from None
-    return getattr(module, cls)(cfg, server)
+    tier: LongTier = getattr(module, cls)(cfg, host)
+    return tier

@@ -1,21 +1,16 @@
 """L3: the disk long tier. ``long`` chunks persist as checksummed files under ``--long-path``.
 
-Threading: the index, the accounting and every decision live on the daemon's loop thread; file
-I/O runs on writer lanes, reader threads and one loader thread (see :mod:`diskio`), whose results
-come back through ``Server.call_soon``. Consequences callers may rely on:
+What only a disk has lives here: the file index, capacity with second-chance eviction, the scan
+at start, ADOPT of client-written files, and the I/O hooks of the shared pipelines
+(:mod:`.pipeline`: write-through and retries; :mod:`.promotions`: reads). File operations are in
+:mod:`.diskfs`, :mod:`.diskscan` and :mod:`.diskread`. Beyond the pipelines' promises:
 
-* The put path never waits for the disk. A sealed ``long`` chunk is pinned (so eviction cannot
-  reuse its bytes) and queued; the queue is bounded by ``--long-write-queue`` jobs and by half the
-  arena in bytes. A chunk that does not fit is counted in ``dropped_writes`` and kept in a backlog
-  that is written once the queue drains, if it is still in RAM by then.
-* A write that fails (ENOSPC, EIO...) leaves the chunk "not on the long tier"; it is retried with
-  back-off while it is in RAM (:mod:`writeretry`), and a clean stop makes a last attempt at every
-  ``long`` chunk in RAM not yet on disk (:meth:`DiskTier.close`). Evicting one counts as lost.
-* A GET that misses RAM but hits disk is answered once reader threads have copied the file into
-  the arena and verified its checksum (the reply is deferred; the loop keeps serving). A file that
-  fails verification is a miss, is counted and is moved to ``<long-path>/quarantine``.
+* A clean stop makes a last attempt at every ``long`` chunk in RAM not yet on disk, for at most
+  ``INFERA_KVD_DISK_STOP_S`` (10 s).
+* A file that fails verification when read is a miss, is counted and is moved to
+  ``<long-path>/quarantine``.
 * At start the index is rebuilt from the files: only regular files whose header checks out are
-  indexed (:func:`diskio.scan`). Until that is done the tier is ``loading``: LOOKUP and GET still
+  indexed (:func:`diskscan.scan`). Until that is done the tier is ``loading``: LOOKUP and GET still
   find chunks on disk by checking the file the key maps to. No link under the root is followed.
 """
 
@@ -24,7 +19,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import queue
 import threading
 import time
 from collections import OrderedDict
@@ -32,145 +26,103 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from infera.kvd import chunkfile as cf
+from infera.kvd.keyspace import Namespace, Namespaces, key_of
 from infera.kvd.store import LONG, Chunk
-from infera.kvd.tiers import diskio
-from infera.kvd.tiers.diskio import WriteJob
-from infera.kvd.tiers.diskread import Reads
-from infera.kvd.tiers.writeretry import Retries
+from infera.kvd.tiers import diskfs, diskread, diskscan
+from infera.kvd.tiers.pipeline import WriteJob, WriteThrough
+from infera.kvd.tiers.promotions import Promotions, ReadJob
 
 if TYPE_CHECKING:
     from infera.kvd.config import DaemonConfig
-    from infera.kvd.server import Server
+    from infera.kvd.tiers.base import FileBackedTier, TierHost
 
 log = logging.getLogger("infera.kvd.disk")
 
 READERS = 4
 MERGE_BATCH = 4096
-BACKLOG_MAX = 65536
 SECOND_CHANCES = 64  # files spared per eviction pass because their chunk is in RAM
 STOP_BUDGET_S = 10.0  # a clean stop's last attempt at unwritten chunks (INFERA_KVD_DISK_STOP_S)
 
 
+def _env(name: str) -> float:
+    return float(os.environ.get(name, "0"))
+
+
 class DiskTier:
-    """The ``disk`` long tier (see :mod:`infera.kvd.tiers` for the interface the server uses)."""
+    """The ``disk`` long tier (a :class:`~.base.FileBackedTier`)."""
 
     backend = "disk"
+    label = "disk tier"
+    log = log
 
-    def __init__(self, cfg: DaemonConfig, server: Server) -> None:
+    def __init__(self, cfg: DaemonConfig, host: TierHost) -> None:
         assert cfg.long_path is not None and cfg.long_bytes is not None
-        assert server.store is not None and server.arena is not None
-        self.server = server
-        self.store = server.store
+        self.host = host
+        self.store = store = host.store
         self.root = os.path.abspath(cfg.long_path)
         self.capacity = cfg.long_bytes
         self.sync = cfg.fsync
-        self.queue_max = max(1, cfg.long_write_queue)
-        self.pin_max = server.arena.capacity // 2
-        self._arena = server.arena.view
-        self.root_fd, self._lock_fd = diskio.open_tree(self.root)
+        self.root_fd, self._lock_fd = diskfs.open_tree(self.root)
         self.index: OrderedDict[bytes, int] = OrderedDict()  # fkey -> file size, LRU first
         self.bytes_used = 0
-        self.reserved = 0  # bytes of queued writes, counted against capacity before they land
-        self.pinned = 0
-        self.queued = 0
-        self._ns: dict[int, tuple[bytes, bytes, str]] = {}  # ns id -> (digest, fkey prefix, text)
-        self._ns_by_prefix: dict[bytes, int] = {}
-        self._writes: dict[bytes, WriteJob] = {}  # newest queued write per fkey
-        self._backlog: OrderedDict[bytes, None] = OrderedDict()  # ikeys of unwritten long chunks
-        self.retries = Retries(float(os.environ.get("INFERA_KVD_DISK_RETRY_S", "0")) or 1.0)
-        self._done: queue.SimpleQueue[tuple[WriteJob, OSError | None]] = queue.SimpleQueue()
-        self._stop_by = 0.0  # set by close(): writes not started by then are skipped
+        self.ns = Namespaces(lambda nid: store.ns_names[nid])
         self._failing: dict[str, str] = {}  # condition -> first message, logged once
         self._deleted_while_loading: set[bytes] = set()
         self._young_temps: list[str] = []
-        # lets tests hold writes in the queue (a slow disk on demand)
-        self._test_write_delay = float(os.environ.get("INFERA_KVD_TEST_WRITE_DELAY_S", "0"))
+        self._test_write_delay = _env("INFERA_KVD_TEST_WRITE_DELAY_S")  # a slow disk on demand
         self.loading = True
         self.index_load_s: float | None = None
         self.last_error: str | None = None
         self.c = dict.fromkeys(
             (
-                "hits",
-                "misses",
-                "bytes_read",
-                "bytes_written",
-                "files_written",
-                "corrupt_chunks",
-                "failed_writes",
-                "failed_reads",
-                "dropped_writes",
-                "evicted_files",
-                "evicted_unwritten",
-                "prewarmed",
-                "promotion_no_room",
-                "files_other_version",
-                "files_ignored",
-                "quarantined",
-                "stale_temp_removed",
-                "write_retries",
-                "recovered_writes",
+                *("hits", "misses", "bytes_read", "bytes_written", "files_written", "corrupt_chunks"),
+                *("failed_writes", "failed_reads", "dropped_writes", "evicted_files", "evicted_unwritten"),
+                *("prewarmed", "promotion_no_room", "files_other_version", "files_ignored", "quarantined"),
+                *("stale_temp_removed", "write_retries", "recovered_writes"),
             ),
             0,
         )
-        self.store.c.setdefault("corrupt_chunks_total", 0)
-        self.store.c.setdefault("long_unpersisted_evicted_total", 0)
-        self.store.on_seal = self._on_seal
-        self.store.on_drop = self._on_drop
-        writers = int(os.environ.get("INFERA_KVD_DISK_WRITERS", "0")) or cfg.long_writers
-        self._writers = diskio.Workers("disk-write", writers, self._write_job, lanes=True)
-        self.reads = Reads(self, int(os.environ.get("INFERA_KVD_DISK_READERS", "0")) or READERS)
+        writers = int(_env("INFERA_KVD_DISK_WRITERS")) or cfg.long_writers
+        retry_s = _env("INFERA_KVD_DISK_RETRY_S") or 1.0
+        self.writes = WriteThrough(host, self, "disk-write", writers, cfg.long_write_queue, retry_s)
+        self._files = diskread.FileReader(host.arena.view, self.root, self.root_fd)
+        readers = int(_env("INFERA_KVD_DISK_READERS")) or READERS
+        self.reads = Promotions(host, self, "disk-read", readers, deadline_s=None)
         self._load_started = time.monotonic()
         # the scan starts once the loop runs, so it never delays the daemon's first answer
-        server.call_soon(threading.Thread(target=self._load, name="kvd-disk-load", daemon=True).start)
-        diskio.check_space(self.root, self.capacity)
+        host.call_soon(threading.Thread(target=self._load, name="kvd-disk-load", daemon=True).start)
+        diskfs.check_space(self.root, self.capacity)
 
     # -- keys -------------------------------------------------------------------------------
-    def ns_of(self, ikey: bytes) -> tuple[bytes, bytes, str]:
-        nid = int.from_bytes(ikey[:2], "big")
-        ns = self._ns.get(nid)
-        if ns is None:
-            text = self.store.ns_names[nid]
-            digest = cf.ns_digest(text)
-            ns = (digest, digest[:8], text)
-            self._ns[nid] = ns
-            self._ns_by_prefix[digest[:8]] = nid
-        return ns
-
-    def fkey(self, ikey: bytes) -> bytes:
-        return self.ns_of(ikey)[1] + ikey[2:]
-
-    def _in_ram(self, fkey: bytes) -> bool:
-        nid = self._ns_by_prefix.get(fkey[:8])
-        return nid is not None and nid.to_bytes(2, "big") + fkey[8:] in self.store.index
+    def _busy(self, fkey: bytes) -> tuple[bool, bool]:
+        """(whether RAM holds or a read is fetching the chunk of ``fkey``, whether a write of it is
+        queued)."""
+        ikey = self.ns.ikey_of(fkey)
+        if ikey is None:
+            return False, False
+        return ikey in self.store.index or ikey in self.reads.jobs, ikey in self.writes.jobs
 
     # -- loading ----------------------------------------------------------------------------
     def _load(self) -> None:
         delay = os.environ.get("INFERA_KVD_TEST_LOAD_DELAY_S")  # lets tests observe "loading"
         if delay:
             time.sleep(float(delay))
-        try:
-            result = diskio.scan(self.root)
-        except Exception as exc:  # never leave the tier loading forever
-            log.exception("scanning the disk tier failed")
-            result = diskio.ScanResult(unreadable=[f"{self.root}: {exc}"])
-        entries = result.entries
-        # newest first, each batch pushed to the LRU front, so the oldest file ends up first
-        batches = [entries[max(0, i - MERGE_BATCH) : i] for i in range(len(entries), 0, -MERGE_BATCH)]
+        result, batches = diskscan.scan_batches(self.root, MERGE_BATCH)
         for batch in batches:
-            self.server.call_soon(functools.partial(self._merge, batch))
-        self.server.call_soon(lambda: self._loaded(result))
+            self.host.call_soon(functools.partial(self._merge, batch))
+        self.host.call_soon(lambda: self._loaded(result))
 
     def _merge(self, batch: list[tuple[int, bytes, int]]) -> None:
         index = self.index
         skip = self._deleted_while_loading
         for _mtime, fkey, size in reversed(batch):
-            if fkey in index or fkey in skip or fkey in self._writes:
+            if fkey in index or fkey in skip or self._busy(fkey)[1]:
                 continue
             index[fkey] = size
             index.move_to_end(fkey, last=False)
             self.bytes_used += size
 
-    def _loaded(self, result: diskio.ScanResult) -> None:
+    def _loaded(self, result: diskscan.ScanResult) -> None:
         self.loading = False
         self.index_load_s = round(time.monotonic() - self._load_started, 3)
         self._deleted_while_loading.clear()
@@ -186,32 +138,33 @@ class DiskTier:
         if result.ignored:
             log.warning("disk tier: %d links, directories or FIFOs under chunk names ignored", result.ignored)
         self._make_room(0)
+        other = result.other_version
         log.info(
             "disk tier %s: %d chunk files, %d bytes of %d, indexed in %.3fs%s",
-            self.root,
-            len(self.index),
-            self.bytes_used,
-            self.capacity,
-            self.index_load_s,
-            f"; {result.other_version} files of another format version left alone"
-            if result.other_version
-            else "",
+            *(self.root, len(self.index), self.bytes_used, self.capacity, self.index_load_s),
+            f"; {other} files of another format version left alone" if other else "",
         )
 
     # -- capacity ---------------------------------------------------------------------------
+    @property
+    def reserved(self) -> int:
+        """Bytes of queued writes, counted against capacity before they land."""
+        return self.writes.pinned + self.writes.queued * cf.HEADER_SIZE
+
     def _make_room(self, need: int) -> None:
         """Evict least-recently-used files until ``need`` more bytes fit. A file whose chunk is
-        still in RAM gets one second chance, so a hot chunk keeps its copy on disk."""
+        still in RAM (or being read) gets one second chance, so a hot chunk keeps its copy."""
         index = self.index
         chances = min(len(index), SECOND_CHANCES)
         while self.bytes_used + self.reserved + need > self.capacity and index:
             fkey = next(iter(index))
-            if chances > 0 and (self._in_ram(fkey) or fkey in self.reads.reading):
+            hot, writing = self._busy(fkey)
+            if chances > 0 and hot:
                 index.move_to_end(fkey)
                 chances -= 1
                 continue
             self.forget(fkey)
-            if fkey in self._writes:
+            if writing:
                 continue  # a newer write of this chunk is queued: its rename replaces the file
             self.c["evicted_files"] += 1
             self._unlink(fkey)
@@ -221,131 +174,61 @@ class DiskTier:
         if size is not None:
             self.bytes_used -= size
 
+    def _put(self, fkey: bytes, size: int) -> None:
+        self.forget(fkey)
+        self.index[fkey] = size
+        self.bytes_used += size
+
     def _unlink(self, fkey: bytes) -> None:
-        self._writers.submit(("unlink", fkey), lane=hash(fkey))
+        def unlink() -> None:  # on the writer lane of fkey, after its queued writes
+            try:
+                diskfs.unlink_chunk(self.root_fd, fkey)
+            except OSError as exc:
+                why = f"unlink {diskfs.file_path(self.root, fkey)}: {exc}"
+                fail = functools.partial(self.fail, "unlink-" + diskfs.classify_os_error(exc), why)
+                self.host.call_soon(fail)
 
-    # -- writes -----------------------------------------------------------------------------
-    def _on_seal(self, chunk: Chunk) -> None:
-        if chunk.retention != LONG or chunk.on_long:
-            return
-        if not self._enqueue_write(chunk):
-            self.c["dropped_writes"] += 1
-            if len(self._backlog) < BACKLOG_MAX:
-                self._backlog[chunk.ikey] = None
+        self.writes.after(fkey, unlink)
 
-    def _on_drop(self, chunk: Chunk, reason: str) -> None:
-        self.retries.drop(chunk.ikey)
-        if reason == "evicted" and chunk.retention == LONG and not chunk.on_long:
-            self.c["evicted_unwritten"] += 1  # data loss: the only copy is gone
-            self.store.c["long_unpersisted_evicted_total"] += 1
-
-    def _enqueue_write(self, chunk: Chunk, retry: bool = False) -> bool:
-        """Queue a write-through of ``chunk``; False when the queue is full (nothing pinned)."""
+    # -- writes (the WriteThrough hooks) ------------------------------------------------------
+    def address(self, chunk: Chunk, ns: Namespace) -> bytes | None:
         size = cf.HEADER_SIZE + chunk.length
         if size > self.capacity:
             self.fail("too_large", f"a {size}-byte chunk is larger than --long-bytes; not persisted")
-            return True
-        if self.queued >= self.queue_max or self.pinned + chunk.length > self.pin_max:
-            return False
-        digest, prefix, text = self.ns_of(chunk.ikey)
-        fkey = prefix + chunk.key
-        self._make_room(size)
-        job = WriteJob(chunk, fkey, digest, text, retry)
-        chunk.pins += 1
-        self.pinned += chunk.length
-        self.reserved += size
-        self.queued += 1
-        old = self._writes.get(fkey)
-        if old is not None:
-            old.cancelled = True
-        self._writes[fkey] = job
-        self._writers.submit(("write", job), lane=hash(fkey))
+            return None
+        return ns.prefix + chunk.key
+
+    def accepting(self) -> bool:
         return True
 
-    def _write_job(self, item: tuple[str, Any]) -> None:
-        kind, arg = item
-        if kind == "unlink":
-            try:
-                diskio.unlink_chunk(self.root_fd, arg)
-            except OSError as exc:
-                why = f"unlink {diskio.file_path(self.root, arg)}: {exc}"
-                self.server.call_soon(
-                    functools.partial(self.fail, "unlink-" + diskio.classify_os_error(exc), why)
-                )
-            return
-        job: WriteJob = arg
+    def admitted(self, job: WriteJob) -> None:
+        self._make_room(0)  # the job's bytes are already reserved
+
+    def write(self, job: WriteJob) -> OSError | None:
+        """Writer thread: the chunk's bytes from the arena to its file."""
         if self._test_write_delay:
             time.sleep(self._test_write_delay)
-        stopped = self._stop_by and time.monotonic() > self._stop_by
-        err = None if stopped else diskio.write_job(job, self._arena, self.root_fd, self.sync)
-        job.skipped |= bool(stopped)
-        self._done.put((job, err))  # in a queue, so that close() finds what the loop did not see
-        self.server.call_soon(self._drain_done)
+        chunk, ns = job.chunk, job.ns
+        view = self.host.arena.view[chunk.offset : chunk.offset + chunk.length]
+        try:
+            diskfs.write_chunk(self.root_fd, ns.digest, chunk.key, ns.text, view, self.sync)
+        except OSError as exc:
+            return exc
+        finally:
+            view.release()
+        return None
 
-    def _drain_done(self) -> None:
-        while True:
-            try:
-                job, err = self._done.get_nowait()
-            except queue.Empty:
-                return
-            self._write_done(job, err)
+    def landed(self, job: WriteJob) -> None:
+        self._put(job.where, job.size)
+        self.c["bytes_written"] += job.size
+        self.c["files_written"] += 1
+        self._recovered()
+        self._make_room(0)
 
-    def _write_done(self, job: WriteJob, err: OSError | None) -> None:
-        chunk = job.chunk
-        self.store.unpin(chunk)
-        self.pinned -= chunk.length
-        self.reserved -= job.size
-        self.queued -= 1
-        if self._writes.get(job.fkey) is job:
-            del self._writes[job.fkey]
-        live = not chunk.zombie and self.store.index.get(chunk.ikey) is chunk
-        if err is not None:
-            self.c["failed_writes"] += 1
-            where = diskio.file_path(self.root, job.fkey)
-            self.fail("write-" + diskio.classify_os_error(err), f"writing {where}: {diskio.describe(err)}")
-            if live and not chunk.on_long and not job.cancelled:
-                self.retries.failed(chunk.ikey, job.retry)  # still only in RAM: try again later
-            else:
-                self.retries.skipped(chunk.ikey, job.retry)
-        elif not job.skipped and not job.cancelled:
-            self.forget(job.fkey)
-            self.index[job.fkey] = job.size
-            self.bytes_used += job.size
-            self.c["bytes_written"] += job.size
-            self.c["files_written"] += 1
-            if self.retries.succeeded(chunk.ikey, job.retry):
-                self.c["recovered_writes"] += 1
-            if not chunk.zombie:
-                chunk.on_long = True
-            self._recovered()
-            self._make_room(0)
-        else:
-            self.retries.skipped(chunk.ikey, job.retry)
-        self._drain_backlog()
-        self._retry_due()
-
-    def _retry_due(self) -> None:
-        if self._stop_by:
-            return
-        for ikey in self.retries.due():
-            chunk = self.store.index.get(ikey)
-            if chunk is None or chunk.on_long or chunk.retention != LONG or self.fkey(ikey) in self._writes:
-                self.retries.skipped(ikey, True)
-            elif self._enqueue_write(chunk, retry=True):
-                self.c["write_retries"] += 1
-            else:
-                self.retries.later(ikey)
-
-    def _drain_backlog(self) -> None:
-        while self._backlog and self.queued < self.queue_max:
-            ikey, _ = self._backlog.popitem(last=False)
-            chunk = self.store.index.get(ikey)
-            if chunk is None or chunk.on_long or chunk.retention != LONG:
-                continue
-            if not self._enqueue_write(chunk):
-                self._backlog[ikey] = None
-                self._backlog.move_to_end(ikey, last=False)
-                return
+    def failed(self, job: WriteJob, err: Exception) -> None:
+        self.c["failed_writes"] += 1
+        where = diskfs.file_path(self.root, job.where)
+        self.fail("write-" + diskfs.classify_os_error(err), f"writing {where}: {diskfs.describe(err)}")
 
     # -- errors -----------------------------------------------------------------------------
     def fail(self, condition: str, message: str) -> None:
@@ -362,12 +245,12 @@ class DiskTier:
             for c in write_conditions:
                 del self._failing[c]
 
-    # -- reads ------------------------------------------------------------------------------
+    # -- reads (the Promotions hooks) ----------------------------------------------------------
     def contains_many(self, ikeys: list[bytes]) -> list[bool]:
         return [self.contains(k) for k in ikeys]
 
     def contains(self, ikey: bytes) -> bool:
-        fkey = self.fkey(ikey)
+        fkey = self.ns.fkey(ikey)
         if fkey in self.index:
             return True
         return self.loading and self.probe(fkey) is not None
@@ -377,28 +260,57 @@ class DiskTier:
         index it if it is a usable chunk file."""
         if fkey in self._deleted_while_loading:
             return None
-        v = diskio.check_chunk(self.root_fd, fkey)
-        if v.kind != diskio.OK:
+        v = diskscan.check_chunk(self.root_fd, fkey)
+        if v.kind != diskscan.OK:
             return None
-        self.index[fkey] = v.size
-        self.bytes_used += v.size
+        self._put(fkey, v.size)
         return v.size
 
-    def promote(self, ikey: bytes) -> Chunk | None:
-        """Called by GET for a key neither RAM nor a finished read could serve: a long-tier miss."""
-        self.c["misses"] += 1
-        return None
+    def locate(self, ikey: bytes, ns: Namespace) -> tuple[bytes, int] | None:
+        fkey = ns.prefix + key_of(ikey)
+        size = self.index.get(fkey)
+        if size is None and self.loading:
+            size = self.probe(fkey)
+        if size is None or size < cf.HEADER_SIZE:
+            return None
+        return fkey, size - cf.HEADER_SIZE
 
-    def count_get(self, n: int, hits: int) -> None:
-        """GET totals are counted by the server; this tier counts its own hits and misses."""
+    def start(self, job: ReadJob) -> tuple[str, Any]:
+        return self._files.read(job)
+
+    def promoted(self, job: ReadJob) -> None:
+        if job.where in self.index:
+            self.index.move_to_end(job.where)
+
+    def read_failed(self, job: ReadJob, outcome: str, detail: Any) -> None:
+        fkey = job.where
+        if outcome in (diskread.MISSING, diskread.IGNORED, diskread.OTHER, diskread.CORRUPT):
+            self.forget(fkey)
+        if outcome == diskread.IGNORED:
+            self.c["files_ignored"] += 1
+        elif outcome == diskread.SIZE and fkey in self.index:
+            self._put(fkey, detail)
+        elif outcome == diskread.OTHER:
+            self.c["files_other_version"] += 1
+        elif outcome == diskread.CORRUPT:
+            why, where = detail
+            self.c["quarantined"] += bool(where)
+            self.reads.corrupt(why, "served as a miss" + (f"; moved to {where}" if where else ""))
+        elif outcome == diskread.ERROR:
+            self.c["failed_reads"] += 1
+            path = diskfs.file_path(self.root, fkey)
+            self.fail(
+                "read-" + diskfs.classify_os_error(detail), f"reading {path}: {diskfs.describe(detail)}"
+            )
 
     def fetch(self, ikeys: Iterable[bytes], on_ready: Callable[[], None]) -> bool:
-        """Read the chunks of ``ikeys`` that are on disk but not in RAM; True if ``on_ready``
-        will be called (on the loop thread) once they are all in the arena or have failed."""
         return self.reads.fetch(ikeys, on_ready)
 
     def prewarm(self, ikeys: list[bytes]) -> int:
         return self.reads.request(ikeys, None, urgent=False)
+
+    def count_misses(self, n: int) -> None:
+        self.c["misses"] += n
 
     # -- files written by clients (GPU-direct) ------------------------------------------------
     def adopt(self, ikeys: list[bytes], lengths: list[int]) -> int:
@@ -407,21 +319,15 @@ class DiskTier:
         unusable is written through from RAM if RAM holds it."""
         n = 0
         for ikey, length in zip(ikeys, lengths, strict=True):
-            fkey = self.fkey(ikey)
-            v = diskio.check_chunk(self.root_fd, fkey)
-            if v.kind != diskio.OK or v.size != cf.HEADER_SIZE + length:
+            fkey = self.ns.fkey(ikey)
+            v = diskscan.check_chunk(self.root_fd, fkey)
+            if v.kind != diskscan.OK or v.size != cf.HEADER_SIZE + length:
                 self.c["adopt_missing"] = self.c.get("adopt_missing", 0) + 1
-                self.c["files_ignored"] += v.kind == diskio.IGNORED
+                self.c["files_ignored"] += v.kind == diskscan.IGNORED
                 self.write_through([ikey])
                 continue
-            size = v.size
-            job = self._writes.pop(fkey, None)
-            if job is not None:
-                job.cancelled = True
-            self._backlog.pop(ikey, None)
-            self.forget(fkey)
-            self.index[fkey] = size
-            self.bytes_used += size
+            self.writes.cancel(ikey)
+            self._put(fkey, v.size)
             chunk = self.store.index.get(ikey)
             if chunk is not None:
                 chunk.on_long = True
@@ -436,11 +342,11 @@ class DiskTier:
         for ikey in ikeys:
             # the client's SEAL may still be on its way: a pending chunk is written at its seal
             chunk = self.store.index.get(ikey) or self.store.pending.get(ikey)
-            if chunk is None or chunk.retention != LONG or self.fkey(ikey) in self.index:
+            if chunk is None or chunk.retention != LONG or self.ns.fkey(ikey) in self.index:
                 continue
             chunk.on_long = False
             if chunk.sealed:
-                self._on_seal(chunk)
+                self.writes.on_seal(chunk)
             n += 1
         return n
 
@@ -448,12 +354,9 @@ class DiskTier:
     def delete(self, ikeys: list[bytes]) -> int:
         n = 0
         for ikey in ikeys:
-            fkey = self.fkey(ikey)
-            job = self._writes.pop(fkey, None)
-            if job is not None:
-                job.cancelled = True
+            fkey = self.ns.fkey(ikey)
+            self.writes.cancel(ikey)
             self.reads.cancel(ikey)
-            self._backlog.pop(ikey, None)
             if fkey in self.index:
                 self.forget(fkey)
                 n += 1
@@ -465,10 +368,9 @@ class DiskTier:
     # -- housekeeping -----------------------------------------------------------------------
     def tick(self) -> None:
         if self._young_temps:
-            self._young_temps, removed = diskio.sweep_young(self.root_fd, self.root, self._young_temps)
+            self._young_temps, removed = diskfs.sweep_young(self.root_fd, self.root, self._young_temps)
             self.c["stale_temp_removed"] += removed
-        self._drain_backlog()
-        self._retry_due()
+        self.writes.tick()
 
     @property
     def state(self) -> str:
@@ -486,10 +388,8 @@ class DiskTier:
             "chunks": len(self.index),
             "bytes_used": self.bytes_used,
             "capacity": self.capacity,
-            "queued_writes": self.queued,
-            "backlog": len(self._backlog),
-            "unpersisted": len(self.retries),
-            "reads_in_flight": self.reads.inflight,
+            **self.writes.stats(),
+            "reads_in_flight": len(self.reads.running),
             "index_load_s": self.index_load_s,
             "last_error": self.last_error,
             "fsync": self.sync,
@@ -497,32 +397,9 @@ class DiskTier:
         }
 
     def close(self) -> None:
-        """A clean stop (SIGTERM): a last attempt at every ``long`` chunk in RAM not yet on disk
-        (queued, backlogged, or whose write failed), within ``INFERA_KVD_DISK_STOP_S`` (10 s),
-        logging how many remain unwritten; then every thread stops before the arena goes."""
-        budget = float(os.environ.get("INFERA_KVD_DISK_STOP_S", "0")) or STOP_BUDGET_S
-        self._stop_by = time.monotonic() + budget
-        self.queue_max = self.pin_max = 1 << 62  # the loop is gone: queue everything now
-        self._backlog.clear()
-        todo = [c for c in self.store.index.values() if c.retention == LONG and not c.on_long]
-        for chunk in todo:
-            if self.fkey(chunk.ikey) not in self._writes:
-                self._enqueue_write(chunk)
-        while self.queued > 0 and time.monotonic() < self._stop_by:  # the loop's part, here
-            try:
-                job, err = self._done.get(timeout=max(0.0, self._stop_by - time.monotonic()))
-            except queue.Empty:
-                break
-            self._write_done(job, err)
-        left = [c for c in todo if not c.on_long and not c.zombie]
-        (log.warning if left else log.info)(
-            "disk tier: clean stop: %d long chunks written, %d not written%s",
-            len(todo) - len(left),
-            len(left),
-            f" (lost: {self.last_error or 'out of time'})" if left else "",
-        )
-        if not self._writers.close(timeout=max(0.5, self._stop_by - time.monotonic())):
-            log.warning("disk tier: writes still running at shutdown; their chunks may be missing")
+        """A clean stop (SIGTERM): the pipeline's last attempt at unwritten ``long`` chunks, then
+        every thread stops before the arena goes."""
+        self.writes.stop(_env("INFERA_KVD_DISK_STOP_S") or STOP_BUDGET_S)
         self.reads.close(timeout=5.0)
         for fd in (self._lock_fd, self.root_fd):
             try:
@@ -530,5 +407,8 @@ class DiskTier:
             except OSError:
                 pass
 
+
+if TYPE_CHECKING:
+    _contract: type[FileBackedTier] = DiskTier  # mypy holds the tier to what the server uses
 
 __all__ = ["DiskTier"]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from infera.kvd.tiers.transport import Region, Transport, TransportError
 
 if TYPE_CHECKING:
-    from infera.kvd.server import Server
+    from infera.kvd.tiers.base import TierHost
 
 log = logging.getLogger("infera.kvd.l4")
 
@@ -48,8 +48,8 @@ class Link:
 
     backend = "?"
 
-    def __init__(self, server: Server, transport: Transport, counters: dict[str, int]) -> None:
-        self.server = server
+    def __init__(self, host: TierHost, transport: Transport, counters: dict[str, int]) -> None:
+        self.host = host
         self.t = transport
         self.c = counters
         for name in ("errors", "timeouts", "state_changes", "disconnects", "reconnects"):
@@ -109,7 +109,7 @@ class Link:
             try:
                 self.t.probe()
                 if not self.t.connected:
-                    self.server.call_soon(lambda: self._set_connecting(True))
+                    self.host.call_soon(lambda: self._set_connecting(True))
                     self.t.connect(*self._regions())
             except TransportError as exc:
                 why = str(exc)
@@ -118,7 +118,7 @@ class Link:
             except Exception as exc:  # a bug in a client library must not end the monitor
                 log.exception("%s: connecting failed", self.backend)
                 why = f"{type(exc).__name__}: {exc}"
-            self.server.call_soon(lambda w=why: self._probed(w))  # type: ignore[misc]
+            self.host.call_soon(lambda w=why: self._probed(w))  # type: ignore[misc]
             self._wake.wait(PROBE_INTERVAL_S)
             self._wake.clear()
 

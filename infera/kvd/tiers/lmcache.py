@@ -24,13 +24,12 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from infera.errors import UsageError
 from infera.kvd.tiers.remote import RemoteTier
 from infera.kvd.tiers.transport import HEADER, Region, Transport, TransportError
 
 if TYPE_CHECKING:
     from infera.kvd.config import DaemonConfig
-    from infera.kvd.server import Server
+    from infera.kvd.tiers.base import TierHost
 
 REQUEST = struct.Struct("=iiiiiiiii150s")
 REPLY = struct.Struct("=iiiiiiiii")
@@ -239,10 +238,9 @@ class LMCacheTier(RemoteTier):
 
     backend = "lmcache"
 
-    def __init__(self, cfg: DaemonConfig, server: Server) -> None:
-        if not cfg.lmcache_url:
-            raise UsageError("--long-backend lmcache needs --lmcache-url lm://HOST:PORT")
-        super().__init__(cfg, server, LMCacheTransport(cfg.lmcache_url))
+    def __init__(self, cfg: DaemonConfig, host: TierHost) -> None:
+        assert cfg.lmcache_url is not None  # build_config checked the flags
+        super().__init__(cfg, host, LMCacheTransport(cfg.lmcache_url))
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()

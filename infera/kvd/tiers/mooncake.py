@@ -25,12 +25,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from infera.errors import UsageError
+from infera.kvd.flags import parse_master
 from infera.kvd.tiers.remote import RemoteTier
 from infera.kvd.tiers.transport import HEADER, Region, Transport, TransportError
 
 if TYPE_CHECKING:
     from infera.kvd.config import DaemonConfig
-    from infera.kvd.server import Server
+    from infera.kvd.tiers.base import TierHost
 
 NAME_PREFIX = "kvd1"
 PROBE_TIMEOUT_S = 0.5
@@ -68,16 +69,6 @@ def mooncake_name(digest: bytes, key: bytes) -> str:
     return f"{NAME_PREFIX}/{digest[:8].hex()}/{key.hex()}"
 
 
-def parse_master(master: str) -> tuple[str, int]:
-    """The (host, port) to probe: the master itself, or the first etcd endpoint of an HA setup."""
-    target = master.split("://", 1)[1] if "://" in master else master
-    target = target.split(",", 1)[0].split(";", 1)[0]
-    host, sep, port = target.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise UsageError(f"--mooncake-master: {master!r} is not HOST:PORT", hint="e.g. 10.0.0.5:50051")
-    return host.strip("[]"), int(port)
-
-
 def local_address(host: str, port: int) -> str:
     """The address of this host on the route to the master (what peers must use to reach us)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -107,7 +98,7 @@ class MooncakeTransport(Transport):
         self.device = device
         self.segment_bytes = segment_bytes
         self.buffer_bytes = buffer_bytes
-        self.host, self.port = parse_master(master)
+        self.host, self.port = parse_master(master)  # the master, or the first etcd endpoint
         self.endpoint = master
         self._store: Any = None
         self._registered: list[int] = []
@@ -259,9 +250,8 @@ class MooncakeTier(RemoteTier):
 
     backend = "mooncake"
 
-    def __init__(self, cfg: DaemonConfig, server: Server) -> None:
-        if not cfg.mooncake_master:
-            raise UsageError("--long-backend mooncake needs --mooncake-master HOST:PORT")
+    def __init__(self, cfg: DaemonConfig, host: TierHost) -> None:
+        assert cfg.mooncake_master is not None  # build_config checked the flags
         transport = MooncakeTransport(
             cfg.mooncake_master,
             cfg.mooncake_metadata,
@@ -270,7 +260,7 @@ class MooncakeTier(RemoteTier):
             cfg.mooncake_segment_bytes,
             cfg.mooncake_buffer_bytes,
         )
-        super().__init__(cfg, server, transport)
+        super().__init__(cfg, host, transport)
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()

@@ -1,6 +1,6 @@
 """Retries of failed long-tier writes, with back-off. Knows nothing of disks or stores: keys in,
-keys due out, outcomes reported back (loop thread only). Used by the disk tier; written so the
-distributed tier can use it too once the write-through machinery of both is unified.
+keys due out, outcomes reported back (loop thread only). Used by the write-through pipeline of
+every tier (:mod:`.pipeline`).
 
 * A chunk whose write failed is retried 1 s later, then after 2, 4, 8, 16 and 30 s (at most), as
   long as its owner still holds it (``drop`` when it leaves RAM, is deleted or overwritten).
