@@ -58,7 +58,7 @@ def test_emitted_files_lint_clean(tmp_path: Path, variant: str, fmt: str) -> Non
 @pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "env"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_emitted_files_read_back_as_the_same_deployment(tmp_path: Path, variant: str, fmt: str) -> None:
-    want = json.loads(kvd("launch", *VARIANTS[variant], "--format", "json").stdout)
+    want = json.loads(kvd("launch", *VARIANTS[variant], "--image", "img:1", "--format", "json").stdout)
     files = _files(tmp_path, VARIANTS[variant], fmt)
     daemons, legs = [], []
     for f in files:
