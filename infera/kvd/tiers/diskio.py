@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from infera.errors import KvdError
 from infera.kvd import chunkfile as cf
+from infera.units import format_size
 
 if TYPE_CHECKING:
     from infera.kvd.store import Chunk
@@ -169,11 +170,11 @@ def check_space(root: str, capacity: int) -> None:
         return
     if free < capacity:
         log.warning(
-            "the filesystem of %s has %d bytes free, less than --long-bytes %d: writes will fail "
+            "the filesystem of %s has %s free, less than --long-bytes %s: writes will fail "
             "with ENOSPC before the tier is full (counted in failed_writes, retried)",
             root,
-            free,
-            capacity,
+            format_size(free),
+            format_size(capacity),
         )
 
 
