@@ -11,7 +11,7 @@ import sys
 import typer
 
 from infera import __version__
-from infera.clikit import report
+from infera.clikit import escape_help, report
 from infera.errors import KvdError
 
 app = typer.Typer(
@@ -55,6 +55,7 @@ def _register() -> None:
 
 
 _register()
+escape_help(app)  # help strings are plain text: `[default: ...]` must not vanish as Rich markup
 
 __all__ = ["app", "main"]
 

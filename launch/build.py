@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import sys
 from dataclasses import dataclass, field
 
 from infera.errors import UsageError
@@ -57,7 +58,7 @@ class LaunchOptions:
     prewarm: bool = False
     engine_args: list[str] = field(default_factory=list)
     daemon_args: list[str] = field(default_factory=list)
-    python: str = "python"
+    python: str | None = None  # None: :func:`default_python`
     image: str | None = None
     vllm_version: str | None = None
 
@@ -69,6 +70,47 @@ class LaunchOptions:
     def long_path(self) -> str | None:
         path = self.daemon.get("long_path")
         return None if path is None else str(path)
+
+
+def default_python(image: str | None) -> str:
+    """The interpreter of the commands when ``--python`` is not given.
+
+    Without ``--image`` the commands run on a host: the absolute path of the Python running
+    ``kvd launch`` (the environment that has infera-kvd; systemd looks nothing up in a venv, and
+    Debian and Ubuntu ship no bare ``python``). With ``--image`` they run in a container:
+    ``python3`` from the image's PATH.
+    """
+    if image:
+        return "python3"
+    return sys.executable or "python3"
+
+
+# required options of each kind: (flag, LaunchOptions field, what it is)
+REQUIRED = {
+    "single": [("--model", "model", "the model the engines serve (a Hugging Face id or a local path)")],
+    "pd": [
+        ("--model", "model", "the model the engines serve (a Hugging Face id or a local path)"),
+        ("--etcd", "etcd", "the etcd endpoint both legs register in, as HOST:PORT"),
+        ("--advertise-host", "advertise_host", "the prefill host's routable address"),
+    ],
+}
+
+
+def _check_required(o: LaunchOptions) -> None:
+    """Every missing required option in one error (not one per run)."""
+    missing = [
+        (flag, what)
+        for flag, attr, what in REQUIRED.get(o.kind, [])
+        if getattr(o, attr) is None or not str(getattr(o, attr)).strip()
+    ]
+    if len(missing) == 1:
+        raise UsageError(f"{missing[0][0]} is required: {missing[0][1]}")
+    if missing:
+        raise UsageError(
+            f"{len(missing)} required options are missing: "
+            + "; ".join(f"{flag} ({what})" for flag, what in missing),
+            hint="kvd launch " + o.kind + " " + " ".join(f"{flag} ..." for flag, _ in missing),
+        )
 
 
 def _need(value: str | None, flag: str, what: str) -> str:
@@ -105,12 +147,16 @@ def _daemon(o: LaunchOptions) -> Daemon:
     flags.check(o.daemon).raise_first()
     if o.long_path is not None and not o.long_path.startswith("/"):
         raise UsageError(f"--long-path: {o.long_path!r} is not an absolute path")
-    argv = [o.python, *DAEMON_MODULE]
+    argv = [_python(o), *DAEMON_MODULE]
     for f in flags.FLAGS:
         if f.name in ALWAYS or f.name in o.daemon.given:
             argv += f.argv(o.daemon.get(f.dest))
     argv += o.daemon_args
     return Daemon(name="kvd", argv=argv, args_start=3)
+
+
+def _python(o: LaunchOptions) -> str:
+    return o.python if o.python and o.python.strip() else default_python(o.image)
 
 
 def _seed_env(o: LaunchOptions) -> dict[str, str | None]:
@@ -153,19 +199,20 @@ def _engine_args(o: LaunchOptions) -> list[str]:
 def _leg(
     o: LaunchOptions, name: str, role: str, env: dict[str, str | None], flags: list[str], cfg: dict
 ) -> Leg:  # type: ignore[type-arg]
-    argv = [o.python, *ENGINE_MODULE, *flags, KTC_FLAG, ktc_json(cfg)]
+    argv = [_python(o), *ENGINE_MODULE, *flags, KTC_FLAG, ktc_json(cfg)]
     return Leg(name=name, argv=argv, env=env, args_start=3, declared_role=role, entry="infera")
 
 
 def build(o: LaunchOptions) -> Deployment:
-    """The deployment for ``o``; raises UsageError naming the first bad or missing flag."""
+    """The deployment for ``o``; raises UsageError naming every missing flag, or the first bad one."""
+    _check_required(o)
     model = _need(o.model, "--model", "the model the engines serve (a Hugging Face id or a local path)")
     daemon = _daemon(o)
     seed = _seed_env(o)
     extra = _engine_args(o)
     prewarm = ["--kvd-socket-path", o.socket] if o.prewarm else []
     dep = Deployment(
-        kind=o.kind, python=o.python, image=o.image, vllm_version=o.vllm_version, daemons=[daemon]
+        kind=o.kind, python=_python(o), image=o.image, vllm_version=o.vllm_version, daemons=[daemon]
     )
     if o.kind == "single":
         flags = ["--model", model, "--port", _port(o.port, "--port"), "--host", o.host, *prewarm, *extra]

@@ -24,6 +24,10 @@ launch_app = typer.Typer(
 )
 
 FORMAT_HELP = "shell, json, env, systemd, k8s or compose."
+PYTHON_HELP = (
+    "Python interpreter of every command, with infera-kvd (and, for the engines, vLLM) installed "
+    f"[default: this kvd's Python, {sys.executable}; with --image: python3 from the image's PATH]."
+)
 
 # kvd launch's one default that differs from the daemon's, and why (its help says so)
 LAUNCH_DEFAULTS = {
@@ -125,6 +129,8 @@ def _emit(dep: Any, o: Output) -> int:
         write_spec(dep, o.save_spec)
         typer.echo(f"wrote {o.save_spec}", err=True)
     files = render(dep, fmt)
+    if fmt == "systemd":
+        _warn_relative_exec(dep)
     if o.out:
         import os
 
@@ -147,6 +153,19 @@ def _emit(dep: Any, o: Output) -> int:
     if o.emit or not (o.out or o.save_spec):
         typer.echo(join_files(files), nl=False)
     return 0
+
+
+def _warn_relative_exec(dep: Any) -> None:
+    """systemd runs a bare name from its own PATH (/usr/local/bin, /usr/bin, ...), never a venv's."""
+    for proc in dep.processes():
+        exe = (proc.argv or [""])[0]
+        if exe and not exe.startswith("/"):
+            typer.echo(
+                f"warning: {proc.name}: ExecStart runs {exe!r}, which systemd looks up in its own PATH "
+                "(/usr/local/bin, /usr/bin, ...), never in a venv; give an absolute interpreter "
+                "(--python PATH, or python: in the spec)",
+                err=True,
+            )
 
 
 def _need_vllm() -> None:
@@ -230,7 +249,7 @@ def launch_single(
     daemon_arg: list[str] = typer.Option(
         [], "--daemon-arg", help="Extra daemon flag, passed as is (repeatable)."
     ),
-    python: str = typer.Option("python", "--python", help="Python interpreter in the commands."),
+    python: str = typer.Option(None, "--python", metavar="PATH", help=PYTHON_HELP, show_default=False),
     image: str = typer.Option(None, "--image", help="Container image (needed for k8s and compose)."),
     vllm_version: str = typer.Option(
         None, "--vllm-version", help="vLLM version the engines run (recorded in the spec; sharpens rules)."
@@ -260,7 +279,7 @@ def launch_pd(
     decode_advertise_host: str = typer.Option(
         None,
         "--decode-advertise-host",
-        help="Routable address of the decode host \\[default: --advertise-host].",
+        help="Routable address of the decode host [default: --advertise-host].",
     ),
     prefill_port: int = typer.Option(8001, "--prefill-port", help="Prefill engine port."),
     decode_port: int = typer.Option(8002, "--decode-port", help="Decode engine port."),
@@ -290,7 +309,7 @@ def launch_pd(
     daemon_arg: list[str] = typer.Option(
         [], "--daemon-arg", help="Extra daemon flag, passed as is (repeatable)."
     ),
-    python: str = typer.Option("python", "--python", help="Python interpreter in the commands."),
+    python: str = typer.Option(None, "--python", metavar="PATH", help=PYTHON_HELP, show_default=False),
     image: str = typer.Option(None, "--image", help="Container image (needed for k8s and compose)."),
     vllm_version: str = typer.Option(None, "--vllm-version", help="vLLM version the engines run."),
 ) -> None:

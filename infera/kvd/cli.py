@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from infera.clikit import socket_option
 from infera.kvd.flagopts import flatten, options
 from infera.kvd.flags import FlagValues
 
@@ -22,9 +23,11 @@ def serve(flags: FlagValues) -> None:
 
 
 def stat(
-    socket: str = typer.Option(None, "--socket", help="Daemon socket \\[default: $INFERA_KVD_SOCKET]."),
+    socket: str = socket_option("Socket of the daemon to read."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    watch: float = typer.Option(None, "--watch", help="Print again every SECONDS until Ctrl-C."),
+    watch: float = typer.Option(
+        None, "--watch", metavar="SECONDS", help="Print again every SECONDS until Ctrl-C."
+    ),
     all_fields: bool = typer.Option(False, "--all", help="Print every counter, not only the main ones."),
 ) -> None:
     """Print the daemon's counters."""

@@ -31,6 +31,7 @@ from infera.kvd.ops import Ops
 from infera.kvd.paths import acquire_lock, clear_stale_socket, prepare_socket_dir
 from infera.kvd.snapshot import build_snapshot, hash_warnings
 from infera.kvd.store import Store
+from infera.units import format_size
 
 if TYPE_CHECKING:
     from infera.kvd.tiers.base import LongTier
@@ -117,10 +118,10 @@ class Server(NetIO, Ops):
             self.metrics.start()
         self.refresh_snapshot()
         log.info(
-            "kvd %s serving on %s (arena %d bytes%s)",
+            "kvd %s serving on %s (arena %s%s)",
             __version__,
             cfg.socket,
-            self.arena.capacity,
+            format_size(self.arena.capacity),
             f", long tier {cfg.long_backend}" if cfg.long_backend else "",
         )
 

@@ -44,8 +44,8 @@ HELP = """\
 arrows / page keys scroll the client table
 
 [b]cache[/b]      hits, misses and hit ratio, overall and per tier ([i]recent[/i]: since the last refresh)
-[b]rates[/b]      per second, from the difference between two refreshes; sparklines cover the last
-           few minutes (the window restarts when the daemon restarts)
+[b]rates[/b]      per second, from the difference between two refreshes; sparklines and peaks cover
+           the last few minutes of the running daemon (a daemon restart starts them afresh)
 [b]capacity[/b]   fill of the RAM arena and the long tier
 [b]health[/b]     evictions, expiries, refused puts; corrupt chunks, failed and dropped writes
 [b]long tier[/b]  backend (L3 disk, L4 mooncake / lmcache), its state and what it reports

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import typer
 
+from infera.clikit import socket_option
+
 INSTALL_HINT = "install the extra: pip install 'infera-kvd[tui]'"
 
 
 def top(
-    socket: str = typer.Option(
-        None, "--socket", help="Daemon socket [default: $INFERA_KVD_SOCKET, else the per-user runtime path]."
+    socket: str = socket_option("Socket of the daemon to watch."),
+    interval: float = typer.Option(
+        1.0, "--interval", metavar="SECONDS", help="Seconds between refreshes (0.1 to 3600)."
     ),
-    interval: float = typer.Option(1.0, "--interval", help="Seconds between refreshes (0.1 to 3600)."),
 ) -> None:
     """Live dashboard of a running daemon: hit ratio, rates, fill, clients, warnings (q quits, ? helps)."""
     from infera.clikit import run_guarded
@@ -26,7 +28,8 @@ def top(
 
 def run_top(socket: str | None, interval: float) -> int:
     """Check the arguments, then run the dashboard until the user quits. Returns the exit status."""
-    from infera.errors import KvdError, UsageError
+    from infera.clikit import missing_extra
+    from infera.errors import UsageError
     from infera.kvd.protocol import default_socket_path
 
     if not 0.1 <= interval <= 3600:
@@ -34,7 +37,7 @@ def run_top(socket: str | None, interval: float) -> int:
     try:
         import textual  # noqa: F401
     except ImportError:
-        raise KvdError("kvd top needs Textual, which is not installed", hint=INSTALL_HINT) from None
+        raise missing_extra("kvd top", "Textual", "tui") from None
     from infera.tui.app import TopApp
 
     app = TopApp(socket or default_socket_path(), interval)

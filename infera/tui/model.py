@@ -43,7 +43,8 @@ class History:
     """Keeps the last ``maxlen`` rate samples of each series in :data:`SERIES`.
 
     ``add(stats, now)`` takes a STATS reply and the monotonic time it arrived; it returns the new
-    :class:`Sample`, or None when there is no usable baseline yet (first reply, or a restart).
+    :class:`Sample`, or None when there is no usable baseline yet (first reply, or a restart). A
+    restart also empties the series: the sparklines and peaks show only the running daemon.
     """
 
     def __init__(self, maxlen: int) -> None:
@@ -72,9 +73,11 @@ class History:
         self._prev, self._prev_at = stats, now
         if prev is None:
             return None
-        if self._restarted(prev, stats):
+        if self._restarted(prev, stats):  # another daemon: its history starts over (sparklines, peaks)
             self.restarts += 1
             self.latest = None
+            for series in self.series.values():
+                series.clear()
             return None
         dt = now - prev_at
         if dt <= 0:

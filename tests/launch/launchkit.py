@@ -17,6 +17,31 @@ from typer.testing import CliRunner
 HERE = Path(__file__).resolve().parent
 STUB = HERE / "stub_python.py"
 
+# `kvd launch` deployments every format is checked with (kvd lint, read-back, the real validators)
+VARIANTS = {
+    "single": ["single", "--model", "m"],
+    "single-disk-ais-prewarm": [
+        "single", "--model", "m", "--long-path", "/nvme/kvd-long", "--long-bytes", "256G", "--ais",
+        "--hipfile-root", "scratch=/scratch/kvd", "--prewarm", "--port", "9000",
+    ],
+    "single-mooncake": [
+        "single", "--model", "m", "--long-backend", "mooncake", "--mooncake-master", "10.0.0.9:50051",
+        "--mooncake-protocol", "tcp",
+    ],
+    "single-lmcache": ["single", "--model", "m", "--long-backend", "lmcache", "--lmcache-url", "lm://10.0.0.9:65432"],
+    "pd": ["pd", "--model", "m", "--etcd", "etcd:2379", "--advertise-host", "10.0.0.5"],
+    "pd-ais-prewarm": [
+        "pd", "--model", "m", "--etcd", "etcd:2379", "--advertise-host", "10.0.0.5", "--decode-advertise-host",
+        "10.0.0.6", "--long-path", "/nvme/kvd-long", "--long-bytes", "256G", "--ais", "--prewarm",
+    ],
+    # quoting: spaces, quotes, dollars and percents must survive every format
+    "single-awkward-values": [
+        "single", "--model", "org/model with space", "--python", "/opt/my venv/bin/python",
+        "--socket", "/run/kvd 1/kvd.sock", "--engine-arg=--served-model-name=it's $HOME at 100%",
+        "--engine-arg=--chat-template={{ messages }}", "--daemon-arg=--metrics-port=9400",
+    ],
+}  # fmt: skip
+
 
 @dataclass
 class CliResult:

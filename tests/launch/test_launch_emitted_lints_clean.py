@@ -6,34 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from launchkit import kvd
+from launchkit import VARIANTS, kvd
 
 from infera.launch.lint import Source, read_source
 from infera.launch.render import FORMATS
-
-VARIANTS = {
-    "single": ["single", "--model", "m"],
-    "single-disk-ais-prewarm": [
-        "single", "--model", "m", "--long-path", "/nvme/kvd-long", "--long-bytes", "256G", "--ais",
-        "--hipfile-root", "scratch=/scratch/kvd", "--prewarm", "--port", "9000",
-    ],
-    "single-mooncake": [
-        "single", "--model", "m", "--long-backend", "mooncake", "--mooncake-master", "10.0.0.9:50051",
-        "--mooncake-protocol", "tcp",
-    ],
-    "single-lmcache": ["single", "--model", "m", "--long-backend", "lmcache", "--lmcache-url", "lm://10.0.0.9:65432"],
-    "pd": ["pd", "--model", "m", "--etcd", "etcd:2379", "--advertise-host", "10.0.0.5"],
-    "pd-ais-prewarm": [
-        "pd", "--model", "m", "--etcd", "etcd:2379", "--advertise-host", "10.0.0.5", "--decode-advertise-host",
-        "10.0.0.6", "--long-path", "/nvme/kvd-long", "--long-bytes", "256G", "--ais", "--prewarm",
-    ],
-    # quoting: spaces, quotes, dollars and percents must survive every format
-    "single-awkward-values": [
-        "single", "--model", "org/model with space", "--python", "/opt/my venv/bin/python",
-        "--socket", "/run/kvd 1/kvd.sock", "--engine-arg=--served-model-name=it's $HOME at 100%",
-        "--engine-arg=--chat-template={{ messages }}", "--daemon-arg=--metrics-port=9400",
-    ],
-}  # fmt: skip
 
 
 def _files(tmp: Path, args: list[str], fmt: str) -> list[Path]:
@@ -58,7 +34,7 @@ def test_emitted_files_lint_clean(tmp_path: Path, variant: str, fmt: str) -> Non
 @pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "env"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_emitted_files_read_back_as_the_same_deployment(tmp_path: Path, variant: str, fmt: str) -> None:
-    want = json.loads(kvd("launch", *VARIANTS[variant], "--format", "json").stdout)
+    want = json.loads(kvd("launch", *VARIANTS[variant], "--image", "img:1", "--format", "json").stdout)
     files = _files(tmp_path, VARIANTS[variant], fmt)
     daemons, legs = [], []
     for f in files:

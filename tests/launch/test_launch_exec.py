@@ -16,6 +16,7 @@ from launchkit import kvd, run_script, wait_gone
 
 def _deployment(tmp: Path, kind: str, *extra: str) -> tuple[str, dict]:  # type: ignore[type-arg]
     sock = str(tmp / "kvd.sock")
+    extra = ("--python", "python", *extra)  # the stub is the `python` first on PATH
     if kind == "single":
         args = ["single", "--model", "m", "--socket", sock, "--max-bytes", "64M", *extra]
     else:
@@ -128,6 +129,8 @@ def test_launch_run_executes_the_shell(short_tmp: Path) -> None:
         sock,
         "--max-bytes",
         "64M",
+        "--python",
+        "python",  # the stub first on PATH
         "--run",
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)

@@ -19,16 +19,19 @@ from launchkit import kvd
 GOLDEN = Path(__file__).resolve().parent / "golden"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 IMAGE = "ghcr.io/example/infera-kvd:0.1"
+# an absolute interpreter, as systemd needs (the default is the Python running kvd launch, which
+# differs between machines; tests/launch/test_launch_validators.py checks the default itself)
+PYTHON = "/opt/infera-kvd/.venv/bin/python"
 CASES = {
     "single": [
         "single", "--model", MODEL, "--max-bytes", "16G", "--long-path", "/nvme/kvd-long", "--long-bytes", "256G",
-        "--image", IMAGE,
+        "--image", IMAGE, "--python", PYTHON,
     ],
-    "single-ram": ["single", "--model", MODEL, "--image", IMAGE],
+    "single-ram": ["single", "--model", MODEL, "--image", IMAGE, "--python", PYTHON],
     "pd": [
         "pd", "--model", MODEL, "--etcd", "etcd.internal:2379", "--advertise-host", "10.0.0.5",
         "--decode-advertise-host", "10.0.0.6", "--max-bytes", "16G", "--long-path", "/nvme/kvd-long", "--long-bytes", "256G",
-        "--ais", "--image", IMAGE,
+        "--ais", "--image", IMAGE, "--python", PYTHON,
     ],
 }  # fmt: skip
 EXT = {
@@ -65,11 +68,12 @@ def test_emitted_output_matches_golden(case: str, fmt: str) -> None:
 def test_single_shell_has_the_product_docs_commands() -> None:
     out = kvd("launch", *CASES["single"]).stdout
     assert (
-        "python -m infera.kvd \\\n    --socket /var/run/infera-kvd.sock \\\n    --max-bytes 16G \\\n" in out
+        f"{PYTHON} -m infera.kvd \\\n    --socket /var/run/infera-kvd.sock \\\n    --max-bytes 16G \\\n"
+        in out
     )
     assert "--long-path /nvme/kvd-long \\\n    --long-bytes 256G\n" in out
     assert (
-        "  PYTHONHASHSEED=0 \\\n  INFERA_KVD_SOCKET=/var/run/infera-kvd.sock \\\n  python -m infera.engine.vllm"
+        f"  PYTHONHASHSEED=0 \\\n  INFERA_KVD_SOCKET=/var/run/infera-kvd.sock \\\n  {PYTHON} -m infera.engine.vllm"
         in out
     )
     assert f"--enable-prefix-caching \\\n    --kv-transfer-config {DOC_SINGLE_KTC}\n" in out

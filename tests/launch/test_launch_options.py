@@ -152,3 +152,41 @@ def test_out_writes_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
 def test_json_flag_equals_format_json() -> None:
     assert kvd("launch", *PD, "--json").stdout == kvd("launch", *PD, "--format", "json").stdout
     json.loads(kvd("launch", *PD, "--json").stdout)
+
+
+def test_every_missing_required_flag_in_one_error() -> None:
+    res = kvd("launch", "pd")
+    assert res.code == 2 and res.stdout == ""
+    first = res.stderr.splitlines()[0]
+    assert first.startswith("error: 3 required options are missing: --model (")
+    assert "--etcd (" in first and "--advertise-host (" in first
+    assert "hint: kvd launch pd --model ... --etcd ... --advertise-host ..." in res.stderr
+    res = kvd("launch", "pd", "--etcd", "e:2379")
+    assert "2 required options are missing: --model (" in res.stderr and "--etcd (" not in res.stderr
+
+
+def test_the_interpreter_defaults_to_this_kvds_python_or_the_images_python3() -> None:
+    import sys
+
+    host = launch_json("single", "--model", "m")
+    assert host["python"] == sys.executable and sys.executable.startswith("/")
+    assert {host["daemon"]["argv"][0], host["legs"][0]["argv"][0]} == {sys.executable}
+    image = launch_json("single", "--model", "m", "--image", "img:1")
+    assert image["python"] == "python3"
+    assert {image["daemon"]["argv"][0], image["legs"][0]["argv"][0]} == {"python3"}
+
+
+def test_systemd_format_warns_about_a_relative_interpreter() -> None:
+    res = kvd("launch", "single", "--model", "m", "--python", "python3", "--format", "systemd")
+    assert res.code == 0
+    assert "warning: kvd: ExecStart runs 'python3', which systemd looks up in its own PATH" in res.stderr
+    assert "warning" not in kvd("launch", "single", "--model", "m", "--format", "systemd").stderr
+
+
+@pytest.mark.parametrize("fmt", ["shell", "json", "env", "systemd", "k8s", "compose"])
+def test_every_file_ends_in_a_newline(tmp_path, fmt: str) -> None:  # type: ignore[no-untyped-def]
+    for kind in (["single", "--model", "m"], PD):
+        out = tmp_path / fmt / kind[0]
+        assert kvd("launch", *kind, "--image", "img:1", "--format", fmt, "--out", str(out)).code == 0
+        for f in out.iterdir():
+            assert f.read_text().endswith("\n") and not f.read_text().endswith("\n\n"), f.name

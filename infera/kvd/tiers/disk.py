@@ -31,6 +31,7 @@ from infera.kvd.store import LONG, Chunk
 from infera.kvd.tiers import diskfs, diskread, diskscan
 from infera.kvd.tiers.pipeline import WriteJob, WriteThrough
 from infera.kvd.tiers.promotions import Promotions, ReadJob
+from infera.units import format_size
 
 if TYPE_CHECKING:
     from infera.kvd.config import DaemonConfig
@@ -140,8 +141,9 @@ class DiskTier:
         self._make_room(0)
         other = result.other_version
         log.info(
-            "disk tier %s: %d chunk files, %d bytes of %d, indexed in %.3fs%s",
-            *(self.root, len(self.index), self.bytes_used, self.capacity, self.index_load_s),
+            "disk tier %s: %d chunk files, %s of %s, indexed in %.3fs%s",
+            *(self.root, len(self.index), format_size(self.bytes_used), format_size(self.capacity)),
+            self.index_load_s,
             f"; {other} files of another format version left alone" if other else "",
         )
 

@@ -20,6 +20,7 @@ import time
 from infera.errors import KvdError
 from infera.kvd import chunkfile as cf
 from infera.kvd.keyspace import fkey_key, fkey_prefix
+from infera.units import format_size
 
 log = logging.getLogger("infera.kvd.disk")
 
@@ -87,11 +88,11 @@ def check_space(root: str, capacity: int) -> None:
         return
     if free < capacity:
         log.warning(
-            "the filesystem of %s has %d bytes free, less than --long-bytes %d: writes will fail "
+            "the filesystem of %s has %s free, less than --long-bytes %s: writes will fail "
             "with ENOSPC before the tier is full (counted in failed_writes, retried)",
             root,
-            free,
-            capacity,
+            format_size(free),
+            format_size(capacity),
         )
 
 

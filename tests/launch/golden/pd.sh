@@ -11,7 +11,7 @@
 set -euo pipefail
 
 start_kvd() {
-  python -m infera.kvd \
+  /opt/infera-kvd/.venv/bin/python -m infera.kvd \
     --socket /var/run/infera-kvd.sock \
     --max-bytes 16G \
     --long-path /nvme/kvd-long \
@@ -24,7 +24,7 @@ start_prefill() {
   INFERA_KVD_AIS=1 \
   INFERA_KVD_HIPFILE_ROOTS=long=/nvme/kvd-long \
   VLLM_HOST_IP=10.0.0.5 \
-  python -m infera.engine.vllm \
+  /opt/infera-kvd/.venv/bin/python -m infera.engine.vllm \
     --model meta-llama/Llama-3.1-8B-Instruct \
     --port 8001 \
     --host 0.0.0.0 \
@@ -40,7 +40,7 @@ start_prefill() {
 start_decode() {
   PYTHONHASHSEED=0 \
   VLLM_HOST_IP=10.0.0.6 \
-  python -m infera.engine.vllm \
+  /opt/infera-kvd/.venv/bin/python -m infera.engine.vllm \
     --model meta-llama/Llama-3.1-8B-Instruct \
     --port 8002 \
     --host 0.0.0.0 \

@@ -10,7 +10,7 @@
 set -euo pipefail
 
 start_kvd() {
-  python -m infera.kvd \
+  /opt/infera-kvd/.venv/bin/python -m infera.kvd \
     --socket /var/run/infera-kvd.sock \
     --max-bytes 1G
 }
@@ -18,7 +18,7 @@ start_kvd() {
 start_engine() {
   PYTHONHASHSEED=0 \
   INFERA_KVD_SOCKET=/var/run/infera-kvd.sock \
-  python -m infera.engine.vllm \
+  /opt/infera-kvd/.venv/bin/python -m infera.engine.vllm \
     --model meta-llama/Llama-3.1-8B-Instruct \
     --port 8000 \
     --host 0.0.0.0 \
