@@ -272,11 +272,6 @@ class Leg(Process):
     def model(self) -> str | None:
         return self.flag_value("--model") or self.positional_model
 
-    def is_pd(self) -> bool:
-        return any(self.has_flag(f) for f in PD_FLAGS) or any(
-            c.name == TRANSPORT_CONNECTOR for c in self.connectors()
-        )
-
     @property
     def role(self) -> str:
         """``single``, ``prefill`` or ``decode``: declared (spec files) or inferred from the config."""

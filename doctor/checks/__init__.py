@@ -31,15 +31,3 @@ def container_reason(ctx: Context) -> str | None:
     """Why host-only files cannot be trusted here, or None on a host."""
     info = detect(ctx)
     return info.describe() if info.in_container else None
-
-
-def host_only_unknown(ctx: Context, what: str, evidence: list[Evidence] | None = None) -> CheckResult | None:
-    """An unknown result for checks that read host-only files, when running inside a container."""
-    reason = container_reason(ctx)
-    if reason is None:
-        return None
-    return unknown(
-        f"{what} cannot be read from inside a container ({reason})",
-        evidence or [],
-        fix="run `kvd doctor` on the host itself for this check",
-    )

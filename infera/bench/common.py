@@ -11,7 +11,7 @@ from typing import Any
 
 from infera.kvd.process import temp_daemon
 
-__all__ = ["best_of", "machine_line", "median_us", "rss_anon_bytes", "temp_daemon"]
+__all__ = ["machine_line", "median_us", "rss_anon_bytes", "temp_daemon"]
 
 
 def median_us(fn: Callable[[], Any], n: int, warmup: int = 20) -> float:
@@ -23,11 +23,6 @@ def median_us(fn: Callable[[], Any], n: int, warmup: int = 20) -> float:
         fn()
         samples.append(time.perf_counter() - t)
     return statistics.median(samples) * 1e6
-
-
-def best_of(fn: Callable[[], float], runs: int = 3) -> float:
-    """Run a throughput measurement several times and keep the best (least disturbed) figure."""
-    return max(fn() for _ in range(runs))
 
 
 def rss_anon_bytes(pid: int) -> int:

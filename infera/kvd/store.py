@@ -278,23 +278,6 @@ class Store:
         self.c["aborts_total"] += 1
         self.alloc.free(chunk.offset, chunk.length)
 
-    def insert_sealed(self, ikey: bytes, length: int, retention: int, on_long: bool) -> Chunk | None:
-        """Allocate and register a chunk whose bytes the caller fills before using it (promotion)."""
-        off = self._alloc_evicting(length)
-        if off is None:
-            return None
-        chunk = Chunk(ikey, off, length, retention)
-        chunk.sealed = True
-        chunk.on_long = on_long
-        chunk.last_access = self.clock()
-        if retention == EPHEMERAL:
-            chunk.expires = chunk.last_access + self.ephemeral_ttl
-            self._by_expiry[ikey] = chunk
-        self.index[ikey] = chunk
-        self._enqueue(chunk)
-        self.bytes_stored += length
-        return chunk
-
     # Asynchronous promotion (the disk tier reads in threads): room first, invisible and
     # uncounted like a reservation (a writer of the same key gets ``busy``), published once filled.
     def reserve_hidden(self, ikey: bytes, length: int) -> Chunk | None:

@@ -38,9 +38,6 @@ class SWord:
             return None
         return "".join(s.text for s in self.segs)
 
-    def raw_text(self) -> str:
-        return "".join(s.text if s.kind == "lit" else "$" + s.text for s in self.segs)
-
 
 @dataclass
 class HereDoc:

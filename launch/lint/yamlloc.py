@@ -70,11 +70,3 @@ def load_json_or_yaml(text: str) -> list[Any]:
         return load_all(text)
     except yaml.YAMLError:
         return [json.loads(text)]
-
-
-def scalar_block_offset(text: str, line: int) -> int:
-    """For a block scalar (``|``/``>``) starting on ``line``, the line its content starts on."""
-    lines = text.splitlines()
-    if 0 < line <= len(lines) and lines[line - 1].rstrip().endswith(("|", "|-", "|+", ">", ">-", ">+")):
-        return line + 1
-    return line

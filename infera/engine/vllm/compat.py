@@ -232,10 +232,3 @@ def block_hashes_for(vllm_config: Any, token_ids: list[int]) -> list[bytes]:
         parent = hash_block_tokens(hash_fn, parent, token_ids[start : start + bs], None)
         out.append(bytes(parent))
     return out
-
-
-def default_failure_policy_is_fail() -> bool:
-    from vllm.config.kv_transfer import KVTransferConfig
-
-    field = KVTransferConfig.__dataclass_fields__.get("kv_load_failure_policy")
-    return field is not None and field.default == "fail"
