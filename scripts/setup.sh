@@ -34,6 +34,7 @@ need=()
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v redis-server >/dev/null || need+=(redis-server)
 ldconfig -p | grep -q libibverbs.so.1 || need+=(libibverbs1)
+command -v promtool >/dev/null || need+=(prometheus)  # the observability tests: a real Prometheus
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   say "apt-get install ${need[*]}"
