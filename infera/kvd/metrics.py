@@ -192,9 +192,6 @@ def render(stats: dict[str, Any]) -> str:
             long_backend=stats.get("long_backend") or "none",
         ),
     )
-    uptime = _num(stats.get("uptime_s"))
-    if uptime is not None:
-        metric("start_time_seconds", "gauge", round(time.time() - uptime))
     for key in sorted(stats):
         value = stats[key]
         if key in SKIPPED or isinstance(value, bool) or not isinstance(value, int | float):
@@ -238,9 +235,9 @@ def _clients(clients: list[dict[str, Any]], metric: Any) -> None:
     groups: dict[tuple[str, str, str], list[int]] = {}
     for c in clients:
         key = (str(c.get("name") or "-"), str(c.get("role") or "client"), str(c.get("data_path") or "none"))
-        n = groups.setdefault(key, [0, 0])
-        n[0] += 1
-        n[1] += int(bool(c.get("fallback")))
+        counts = groups.setdefault(key, [0, 0])
+        counts[0] += 1
+        counts[1] += int(bool(c.get("fallback")))
     for (name, role, path), (n, fallback) in sorted(groups.items()):
         lab = _labels(name=name, role=role, data_path=path)
         metric("clients", "gauge", n, lab)
@@ -432,6 +429,12 @@ class MetricsServer:
     def _own_metrics(self) -> bytes:
         """The endpoint's own counters (``kvd_metrics_*``)."""
         lines = []
+        started = getattr(self.server, "started", None)
+        if started is not None:  # exact, so changes() of it counts restarts and nothing else
+            lines.append(
+                f"# HELP kvd_start_time_seconds {METRICS['start_time_seconds'][1]}\n"
+                f"# TYPE kvd_start_time_seconds gauge\nkvd_start_time_seconds {started:.3f}\n"
+            )
         for name, value in self.c.items():
             help_ = METRICS.get(f"metrics_{name}", ("counter", name))[1]
             lines.append(
