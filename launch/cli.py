@@ -47,6 +47,7 @@ class Output:
     part: str = "all"
     save_spec: str | None = None
     vllm: bool = False
+    prometheus: bool = False
 
 
 def _param(name: str, default: Any, annotation: Any) -> inspect.Parameter:
@@ -93,6 +94,17 @@ OUTPUT_OPTIONS = [
         bool,
     ),
 ]
+OUTPUT_OPTIONS.append(
+    _param(
+        "prometheus",
+        typer.Option(
+            False,
+            "--prometheus",
+            help="Also output prometheus-kvd.yml: scrape jobs for the daemon's --metrics-port and each engine.",
+        ),
+        bool,
+    )
+)
 with_output = flatten(OUTPUT_OPTIONS, into="output", make=lambda values, given: Output(**values))
 with_daemon = flatten(options(env=False, defaults=LAUNCH_DEFAULTS, panel=DAEMON_PANEL), into="daemon")
 
@@ -125,6 +137,10 @@ def _emit(dep: Any, o: Output) -> int:
         write_spec(dep, o.save_spec)
         typer.echo(f"wrote {o.save_spec}", err=True)
     files = render(dep, fmt)
+    if o.prometheus:
+        from infera.launch.scrape import FILE, scrape_config
+
+        files[FILE] = scrape_config(dep)
     if o.out:
         import os
 

@@ -12,6 +12,7 @@ one), the shipped alert rules evaluating cleanly, and every metric the shipped d
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -20,10 +21,10 @@ from typing import Any
 
 import pytest
 from engines import Server, prompt, run_engine, start_server, vllm_version
+from promserver import PromServer, binary
 
 from helpers import REPO, Daemon, free_port
 from infera.kvd.tiers import SUPPORTED
-from promserver import PromServer, binary
 
 pytestmark = [
     pytest.mark.skipif("disk" not in SUPPORTED, reason="the disk long tier is not in this build"),
@@ -44,7 +45,16 @@ def kvd(module_tmp: Path) -> Iterator[Daemon]:
     long = module_tmp / "long"
     long.mkdir()
     port = free_port()
-    args = ["--max-bytes", "64M", "--long-path", str(long), "--long-bytes", "256M", "--metrics-port", str(port)]
+    args = [
+        "--max-bytes",
+        "64M",
+        "--long-path",
+        str(long),
+        "--long-bytes",
+        "256M",
+        "--metrics-port",
+        str(port),
+    ]
     d = Daemon(str(module_tmp / "kvd.sock"), args, module_tmp / "kvd.log").start()
     d.metrics_port = port  # type: ignore[attr-defined]
     yield d
@@ -88,7 +98,7 @@ KVD_HITS = 'sum(vllm:kvd_hit_tokens_total{tier="%s"})'
 
 @pytest.fixture(scope="module")
 def story(prom: PromServer, server: Server, kvd: Daemon, tiny_model: str, module_tmp: Path) -> dict[str, Any]:
-    out: dict[str, Any] = {"v032": vllm_version() >= (0, 32)}
+    out: dict[str, Any] = {"v032": vllm_version() >= (0, 32), "t0": time.time()}
     steps = [{"op": "generate", "name": n, "prompt": p} for n, p in (("ram", P_RAM), ("disk", P_DISK))]
     out["writer"] = run_engine(tiny_model, steps, socket=kvd.socket, workdir=module_tmp)
 
@@ -151,7 +161,9 @@ def test_daemon_counters_in_prometheus(prom: PromServer, story: dict[str, Any]) 
     assert v("kvd_hash_conflicts") == 0
 
 
-def test_cached_by_source_counts_ram_as_host_and_disk_as_disk(prom: PromServer, story: dict[str, Any]) -> None:
+def test_cached_by_source_counts_ram_as_host_and_disk_as_disk(
+    prom: PromServer, story: dict[str, Any]
+) -> None:
     if not story["v032"]:
         pytest.skip("vllm:prompt_tokens_cached_by_source is vLLM 0.32+")
     assert prom.value(HOST) == HIT
@@ -187,7 +199,9 @@ def dashboard_metrics() -> set[str]:
     """Every metric name in the dashboard's queries (PromQL functions and labels left out)."""
     board = json.loads(DASHBOARD.read_text())
     exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", []) if t.get("expr")]
-    exprs += [v["query"]["query"] for v in board.get("templating", {}).get("list", []) if v.get("type") == "query"]
+    exprs += [
+        v["query"]["query"] for v in board.get("templating", {}).get("list", []) if v.get("type") == "query"
+    ]
     names: set[str] = set()
     for expr in exprs:
         expr = re.sub(r"\{[^}]*\}", "", expr)  # label matchers
@@ -204,3 +218,40 @@ def test_every_dashboard_metric_exists_in_the_live_scrape(prom: PromServer, stor
     expected = names if story["v032"] else names - ONLY_032
     missing = sorted(n for n in expected if n not in live)
     assert not missing, f"dashboard panels with no data: {missing}"
+
+
+def test_dump_dashboard_series(prom: PromServer, story: dict[str, Any]) -> None:
+    """With INFERA_OBS_DUMP=FILE: every dashboard query over this run, as Prometheus answers it
+    (deploy/grafana/plot.py draws docs/img/observability-dashboard.png from it)."""
+    path = os.environ.get("INFERA_OBS_DUMP")
+    if not path:
+        pytest.skip("set INFERA_OBS_DUMP=FILE to keep the dashboard's series")
+    board = json.loads(DASHBOARD.read_text())
+    end = time.time()
+    out: dict[str, Any] = {"start": story["t0"], "end": end, "panels": []}
+    subst = {"$__rate_interval": "4s", "$instance": ".*", "$model_name": ".*"}
+    for p in board["panels"]:
+        if p["type"] == "row":
+            out["panels"].append({"row": p["title"]})
+            continue
+        series = []
+        for t in p["targets"]:
+            expr = t["expr"]
+            for k, v in subst.items():
+                expr = expr.replace(k, v)
+            data = prom.api("query_range", query=expr, start=str(story["t0"]), end=str(end), step="1")
+            for r in data["result"]:
+                labels = r["metric"]
+                legend = re.sub(
+                    r"\{\{(\w+)\}\}", lambda m, lab=labels: lab.get(m.group(1), ""), t["legendFormat"]
+                )
+                series.append({"legend": legend, "values": [[float(a), float(b)] for a, b in r["values"]]})
+        out["panels"].append(
+            {
+                "title": p["title"],
+                "type": p["type"],
+                "unit": p["fieldConfig"]["defaults"]["unit"],
+                "series": series,
+            }
+        )
+    Path(path).write_text(json.dumps(out))

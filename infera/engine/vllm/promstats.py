@@ -128,7 +128,7 @@ class KvdPromMetrics(KVConnectorPromMetrics):
         # every series exists from the start (at 0), so dashboards and alerts see them before
         # the first hit, and rate() sees the first increase
         for values in per_engine_labelvalues.values():
-            for metric in self._counters.values():
+            for metric in (*self._counters.values(), *self._histograms.values()):
                 metric.labels(*values)
             for t in TIERS:
                 self._hits.labels(*values, t)
