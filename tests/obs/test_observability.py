@@ -103,7 +103,7 @@ def test_launch_writes_a_scrape_config_promtool_accepts(tmp_path: Path) -> None:
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "infera.cli", "launch", "single", "--model", "m", "--metrics-port", "9464"]
     r = subprocess.run(
-        [*cmd, "--engine-arg=--port=8100", "--prometheus", "--format", "systemd", "--out", str(out)],
+        [*cmd, "--port", "8100", "--prometheus", "--format", "systemd", "--out", str(out)],
         capture_output=True,
         text=True,
     )
