@@ -198,3 +198,11 @@ def test_prewarm_errors_are_json(server: Server, body: Any, status: int, code: s
     assert r.status_code == status
     assert r.json()["error"]["code"] == code
     assert message in r.json()["error"]["message"]
+
+
+def test_kvd_metrics_reach_vllm_through_the_multiconnector(server: Server, story: dict[str, Any]) -> None:
+    """Under a MultiConnector vLLM rebuilds each child's stats by class name: ours must be known."""
+    metrics = server.http.get("/metrics").text
+    loaded = [ln for ln in metrics.splitlines() if ln.startswith("vllm:kvd_loaded_chunks_total{")]
+    assert loaded and sum(float(ln.rsplit(" ", 1)[1]) for ln in loaded) >= 5
+    assert "Connector 'InferaKvdConnector' is not registered" not in server.log()
