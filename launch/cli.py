@@ -51,6 +51,7 @@ class Output:
     part: str = "all"
     save_spec: str | None = None
     vllm: bool = False
+    prometheus: bool = False
 
 
 def _param(name: str, default: Any, annotation: Any) -> inspect.Parameter:
@@ -97,6 +98,17 @@ OUTPUT_OPTIONS = [
         bool,
     ),
 ]
+OUTPUT_OPTIONS.append(
+    _param(
+        "prometheus",
+        typer.Option(
+            False,
+            "--prometheus",
+            help="Also output prometheus-kvd.yml: scrape jobs for the daemon's --metrics-port and each engine.",
+        ),
+        bool,
+    )
+)
 with_output = flatten(OUTPUT_OPTIONS, into="output", make=lambda values, given: Output(**values))
 with_daemon = flatten(options(env=False, defaults=LAUNCH_DEFAULTS, panel=DAEMON_PANEL), into="daemon")
 
@@ -131,6 +143,10 @@ def _emit(dep: Any, o: Output) -> int:
     files = render(dep, fmt)
     if fmt == "systemd":
         _warn_relative_exec(dep)
+    if o.prometheus:
+        from infera.launch.scrape import FILE, scrape_config
+
+        files[FILE] = scrape_config(dep)
     if o.out:
         import os
 

@@ -44,6 +44,7 @@ ldconfig -p | grep -q libibverbs.so.1 || need+=(libibverbs1)
 command -v shellcheck >/dev/null || need+=(shellcheck)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v docker-compose >/dev/null || docker compose version >/dev/null 2>&1 || need+=(docker-compose)
+command -v promtool >/dev/null || need+=(prometheus)  # the observability tests: a real Prometheus
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   say "apt-get install ${need[*]}"

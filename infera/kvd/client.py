@@ -536,6 +536,15 @@ class KvdClient:
         reply = self.request("LOOKUP", keys=[P.check_key(k) for k in keys], hold_ms=hold_ms)
         return int(reply["count"])
 
+    def lookup_tiers(self, keys: Sequence[bytes], hold_ms: int = 0) -> tuple[int, list[int]]:
+        """:meth:`lookup`, plus the indices (into ``keys``) of the found keys that only the long
+        tier holds (a load reads them from disk or the distributed store). A daemon that predates
+        this says nothing about tiers: every found key then counts as a RAM one."""
+        if not keys:
+            return 0, []
+        reply = self.request("LOOKUP", keys=[P.check_key(k) for k in keys], hold_ms=hold_ms)
+        return int(reply["count"]), [int(i) for i in reply.get("long", ())]
+
     def delete(self, keys: Sequence[bytes]) -> int:
         if not keys:
             return 0

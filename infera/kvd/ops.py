@@ -247,6 +247,7 @@ class Ops:
             raise BadRequest("'hold_ms' must be a number between 0 and 600000")
         ikeys = self.ikeys(client, keys)
         count, _ = store.count_present(ikeys, hold / 1000.0)
+        on_long_only: list[int] = []  # indices of found keys that only the long tier holds
         if count < len(ikeys) and self.long is not None:
             # the rest may be on the long tier (a RAM miss in the middle continues there); the
             # long tier answers for all of them at once (one store round trip for L4)
@@ -262,12 +263,16 @@ class Ops:
                         store.hold(chunk, hold / 1000.0)
                 elif not next(on_long):
                     break
+                else:
+                    on_long_only.append(count)
                 count += 1
         c = store.c
         c["lookups_total"] += 1
         c["lookup_keys_total"] += len(keys)
         c["lookup_hit_keys_total"] += count
         reply: dict[str, Any] = {"count": count}
+        if on_long_only:
+            reply["long"] = on_long_only
         if self.long is not None and self.long.loading:
             reply["loading"] = True
         return reply

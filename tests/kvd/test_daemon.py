@@ -249,7 +249,7 @@ def test_metrics_endpoint(start_daemon: Callable[..., Daemon]) -> None:
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert "# TYPE kvd_sets_total counter" in body
     assert "kvd_sets_total 1" in body and "kvd_hits_total 1" in body
-    assert 'kvd_tier_capacity{tier="ram"}' in body
+    assert 'kvd_tier_capacity_bytes{tier="ram"}' in body
 
 
 def test_protocol_errors_are_typed_and_the_connection_survives(daemon: Daemon) -> None:

@@ -23,10 +23,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from infera.engine.vllm import compat
+from infera.engine.vllm import compat, events, stats
 from infera.engine.vllm.config import read_env
 from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import InferaKvdMetadata
+from infera.engine.vllm.stats import KvdConnectorStats, StatsSource
 from infera.kvd.protocol import default_socket_path
 
 if TYPE_CHECKING:
@@ -49,12 +50,35 @@ def _adopt_vllm_logging() -> None:
 
 _adopt_vllm_logging()
 
-try:  # vLLM 0.32+: label our external hits as host-memory hits in the Prometheus metrics
+try:  # vLLM 0.32+: vllm:prompt_tokens_cached_by_source counts our hits by the tier that held them
     from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
     _HIT_SOURCE: Any = CacheHitSource.HOST
+    # the distributed tier is another host's store reached over the network: of vLLM's sources,
+    # p2p ("transferred from another vLLM instance") is the nearest
+    _TIER_SOURCE: dict[str, Any] = {
+        "ram": CacheHitSource.HOST,
+        "disk": CacheHitSource.DISK,
+        "distributed": CacheHitSource.P2P,
+    }
 except ImportError:  # pragma: no cover - older vLLM
     _HIT_SOURCE = None
+    _TIER_SOURCE = {}
+
+
+def _register_by_name() -> None:
+    """Under a MultiConnector the API-server process rebuilds each child's stats by class name
+    (``KVConnectorFactory.get_connector_class_by_name``): make ours known by name too."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+        if "InferaKvdConnector" not in KVConnectorFactory._registry:
+            KVConnectorFactory.register_connector("InferaKvdConnector", __name__, "InferaKvdConnector")
+    except Exception:  # pragma: no cover - a vLLM without a registry: stats stay per-connector
+        log.debug("infera-kvd: could not register the connector by name", exc_info=True)
+
+
+_register_by_name()
 
 
 class InferaKvdConnector(KVConnectorBase_V1):
@@ -74,6 +98,7 @@ class InferaKvdConnector(KVConnectorBase_V1):
         blockers = compat.offload_blockers(vllm_config, kv_cache_config)
         self._scheduler: Any = None
         self._worker: Any = None
+        self._stats: StatsSource | None = None
         if facts.hash_seed == "random" and role == KVConnectorRole.SCHEDULER:
             log.warning(
                 "infera-kvd: vLLM %s seeds block hashes randomly per process (PYTHONHASHSEED unset), "
@@ -103,7 +128,11 @@ class InferaKvdConnector(KVConnectorBase_V1):
                 ranks=1 if facts.replicated else world,
                 link=link,
                 disabled_reason=reason,
+                events=events.KvdEvents(chunk_tokens=ns.chunk_tokens, hash_block_size=facts.hash_block_size)
+                if events.enabled_in(vllm_config)
+                else None,
             )
+            self._stats = StatsSource(stats.counters_of(self._scheduler), stats.SCHEDULER_COUNTERS)
             policy = getattr(self._kv_transfer_config, "kv_load_failure_policy", "recompute")
             if policy == "fail":
                 log.warning(
@@ -132,6 +161,9 @@ class InferaKvdConnector(KVConnectorBase_V1):
                 num_blocks=block_count(kv_cache_config),
                 block_size=facts.block_size,
             )
+            self._stats = StatsSource(
+                stats.counters_of(self._worker), stats.WORKER_COUNTERS, stats.worker_path(self._worker)
+            )
 
     # -- properties vLLM asks about -----------------------------------------------------------
     @property
@@ -151,7 +183,10 @@ class InferaKvdConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._connector_metadata
         if self._worker is not None and isinstance(meta, InferaKvdMetadata):
-            self._worker.load(meta)
+            if meta.loads:
+                stats.timed_call(self._stats, self._worker, "load", lambda: self._worker.load(meta))
+            else:
+                self._worker.load(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None
@@ -162,7 +197,10 @@ class InferaKvdConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         meta = self._connector_metadata
         if self._worker is not None and isinstance(meta, InferaKvdMetadata):
-            self._worker.save(meta)
+            if meta.saves and self._worker.saves_here:
+                stats.timed_call(self._stats, self._worker, "save", lambda: self._worker.save(meta))
+            else:
+                self._worker.save(meta)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return None, None
@@ -173,6 +211,50 @@ class InferaKvdConnector(KVConnectorBase_V1):
     def handle_preemptions(self, arg: Any = None) -> None:
         """Saves finish inside the step that computed them, so preemption has nothing to flush."""
         return None
+
+    # -- stats, metrics and events (either side) ------------------------------------------------
+    def get_kv_connector_stats(self) -> KvdConnectorStats | None:
+        """What this instance moved since vLLM last asked (vLLM sums workers and scheduler)."""
+        try:
+            return self._stats.take() if self._stats is not None else None
+        except Exception:  # stats must never fail a step
+            log.debug("infera-kvd: stats failed", exc_info=True)
+            return None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KvdConnectorStats | None:
+        return KvdConnectorStats(data=dict(data)) if data is not None else KvdConnectorStats()
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: Any,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> Any:
+        from infera.engine.vllm.promstats import KvdPromMetrics
+
+        return KvdPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int) -> dict[Any, int]:
+        """vLLM 0.32+: our tokens as ``host`` (RAM tier), ``disk`` or ``p2p`` (distributed tier)."""
+        if num_external_tokens <= 0:
+            return {}
+        try:
+            by_tier = self._scheduler.hit_sources(request, num_external_tokens)
+            out: dict[Any, int] = {}
+            for tier, n in by_tier.items():
+                source = _TIER_SOURCE[tier]
+                out[source] = out.get(source, 0) + n
+            return out
+        except Exception:
+            log.debug("infera-kvd: hit sources failed", exc_info=True)
+            return {_HIT_SOURCE: num_external_tokens} if _HIT_SOURCE is not None else {}
+
+    def take_events(self) -> list[Any]:
+        ev = getattr(self._scheduler, "events", None)
+        return ev.take() if ev is not None else []
 
     def shutdown(self) -> None:
         for half in (self._worker, self._scheduler):

@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infera.engine.vllm.config import retention_of
+from infera.engine.vllm.events import KvdEvents
 from infera.engine.vllm.keys import Namespace, chunk_hashes, lookup_keys
 from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
+from infera.engine.vllm.stats import LONG_TIER_KIND, TIERS
 from infera.kvd.client import KvdClientError
 
 log = logging.getLogger("infera.engine.vllm")
@@ -41,6 +43,9 @@ class _Req:
     local_tokens: int = 0
     block_ids: list[int] = field(default_factory=list)
     next_save: int = 0
+    long_chunks: set[int] = field(default_factory=set)  # found chunks only the long tier holds
+    hits: dict[str, int] = field(default_factory=dict)  # tier -> tokens this request loads
+    request: Any = None  # kept only while KV events are on (they need its block hashes)
 
 
 class SchedulerHalf:
@@ -55,8 +60,11 @@ class SchedulerHalf:
         ranks: int,
         link: DaemonLink | None,
         disabled_reason: str | None = None,
+        events: KvdEvents | None = None,
     ) -> None:
         self.ns = namespace
+        self.events = events
+        self.long_kind = "disk"  # the tier a long-tier hit counts under (from the daemon's HELLO)
         self.chunk_tokens = namespace.chunk_tokens
         self.block_size = block_size
         self.hash_block_size = hash_block_size
@@ -75,6 +83,7 @@ class SchedulerHalf:
                 "load_chunks",
                 "save_chunks",
                 "retention_none_requests",
+                *(f"hit_tokens_{t}" for t in TIERS),
             ),
             0,
         )
@@ -97,7 +106,9 @@ class SchedulerHalf:
         limit = max(0, int(request.num_tokens) - 1) // self.block_size * self.block_size
         limit = min(limit, len(st.hashes) * self.chunk_tokens)
         # Hold found chunks against eviction only when some of them may be loaded.
-        st.found = self._lookup(st.hashes, HOLD_MS if limit > num_computed_tokens else 0)
+        st.found, st.long_chunks = self._lookup(st.hashes, HOLD_MS if limit > num_computed_tokens else 0)
+        if self.events is not None:
+            self.events.looked_up(request, st.hashes, st.found, st.long_chunks)
         self.counters["query_tokens"] += max(0, int(request.num_tokens) - num_computed_tokens)
         hit = min(st.found * self.chunk_tokens, limit) - num_computed_tokens
         if hit <= 0:
@@ -125,6 +136,33 @@ class SchedulerHalf:
         if jobs:
             self.counters["load_chunks"] += len(jobs)
             self.pending_loads.append(RequestJob(request.request_id, jobs))
+        st.hits = self._split(st, start, end)
+        for tier, n in st.hits.items():
+            self.counters[f"hit_tokens_{tier}"] += n
+
+    def hit_sources(self, request: Any, num_external_tokens: int) -> dict[str, int]:
+        """``num_external_tokens`` of ``request`` by tier (``ram``, ``disk``, ``distributed``),
+        as planned in :meth:`after_alloc`; the counts sum to ``num_external_tokens``."""
+        if num_external_tokens <= 0:
+            return {}
+        st = self.reqs.get(request.request_id)
+        hits = dict(st.hits) if st is not None and st.hits else {"ram": num_external_tokens}
+        extra = num_external_tokens - sum(hits.values())
+        if extra:  # vLLM counted more (or fewer) than planned: the difference goes to RAM
+            hits["ram"] = hits.get("ram", 0) + extra
+            for tier in [t for t, n in hits.items() if n < 0]:
+                hits["ram"] += hits.pop(tier)
+        return {t: n for t, n in hits.items() if n > 0}
+
+    def _split(self, st: _Req, start: int, end: int) -> dict[str, int]:
+        ct = self.chunk_tokens
+        out: dict[str, int] = {}
+        for c in range(start // ct, -(-end // ct)):
+            n = min(end, (c + 1) * ct) - max(start, c * ct)
+            if n > 0:
+                tier = self.long_kind if c in st.long_chunks else "ram"
+                out[tier] = out.get(tier, 0) + n
+        return out
 
     def build_meta(self, scheduler_output: Any) -> InferaKvdMetadata:
         """This step's jobs. Loads come first and always ship: vLLM already counts them as computed."""
@@ -180,22 +218,28 @@ class SchedulerHalf:
         if retention == "none":
             self.counters["retention_none_requests"] += 1
         st = _Req(hashes=hashes, retention=retention)
+        if self.events is not None:
+            st.request = request
         if len(self.reqs) >= MAX_TRACKED:
             self.reqs.pop(next(iter(self.reqs)))
         self.reqs[request.request_id] = st
         return st
 
-    def _lookup(self, hashes: list[bytes], hold_ms: int) -> int:
+    def _lookup(self, hashes: list[bytes], hold_ms: int) -> tuple[int, set[int]]:
+        """How many leading chunks every rank can load, and which of them only the long tier has."""
         if not hashes or self.link is None:
-            return 0
+            return 0, set()
         keys = lookup_keys(self.ns.digest, hashes, self.ranks)
         self.counters["lookups"] += 1
         try:
-            count = self.link.call(lambda c: c.lookup(keys, hold_ms=hold_ms))
+            (count, on_long), long_tier = self.link.call(
+                lambda c: (c.lookup_tiers(keys, hold_ms=hold_ms), c.long_tier)
+            )
         except KvdClientError:
             self.counters["lookup_errors"] += 1
-            return 0
-        return count // self.ranks
+            return 0, set()
+        self.long_kind = LONG_TIER_KIND.get(str(long_tier), "disk")
+        return count // self.ranks, {i // self.ranks for i in on_long}
 
     def _plan_saves(self, req_id: str, st: _Req, computed_tokens: int, meta: InferaKvdMetadata) -> None:
         if st.retention == "none":
@@ -211,6 +255,8 @@ class SchedulerHalf:
                 break
             if c >= st.found:
                 jobs.append(ChunkJob(st.hashes[c], ids))
+                if self.events is not None and st.request is not None:
+                    self.events.saved(st.request, c, st.hashes[c])
             st.next_save = c + 1
         if jobs:
             self.counters["save_chunks"] += len(jobs)

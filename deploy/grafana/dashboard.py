@@ -1,0 +1,208 @@
+"""Writes kvd.json, the Grafana dashboard: ``python deploy/grafana/dashboard.py`` (edit here, not there).
+
+Rows: the daemon, its tiers, the data paths, the connector as vLLM reports it (``vllm:kvd_*`` and
+the offload names vLLM's own KV-cache dashboard charts), and vLLM's own prefix-cache panels next
+to them. Variables: the Prometheus data source, the kvd instance, the vLLM model.
+tests/vllm/test_metrics.py checks that every metric named here exists in a live scrape.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+OUT = Path(__file__).with_name("kvd.json")
+DS = {"type": "prometheus", "uid": "${datasource}"}
+K = 'instance=~"$instance"'  # the daemon's series
+V = 'model_name=~"$model_name"'  # the engine's series
+
+ROWS: list[tuple[str, list[dict[str, Any]]]] = [
+    (
+        "Daemon",
+        [
+            {"title": "Daemon up", "type": "stat", "w": 3, "targets": [(f'up{{job="kvd",{K}}}', "{{instance}}")]},
+            {"title": "Uptime", "type": "stat", "w": 3, "unit": "s", "targets": [(f"kvd_uptime_seconds{{{K}}}", "{{instance}}")]},
+            {"title": "Clients", "type": "stat", "w": 3, "targets": [(f"kvd_clients_connected{{{K}}}", "{{instance}}")]},
+            {"title": "Hash conflicts", "type": "stat", "w": 3, "targets": [(f"kvd_hash_conflicts{{{K}}}", "{{instance}}")],
+             "thresholds": [("green", None), ("red", 1)]},
+            {"title": "Lookup hit ratio", "unit": "percentunit", "w": 6, "targets": [
+                (f"sum by (instance) (rate(kvd_lookup_hit_keys_total{{{K}}}[$__rate_interval])) / sum by (instance) (rate(kvd_lookup_keys_total{{{K}}}[$__rate_interval]))", "{{instance}}")]},
+            {"title": "GET hits and misses", "unit": "ops", "w": 6, "targets": [
+                (f"rate(kvd_hits_total{{{K}}}[$__rate_interval])", "hits {{instance}}"),
+                (f"rate(kvd_misses_total{{{K}}}[$__rate_interval])", "misses {{instance}}")]},
+            {"title": "Arena", "unit": "bytes", "w": 8, "targets": [
+                (f"kvd_arena_used_bytes{{{K}}}", "used {{instance}}"),
+                (f"kvd_arena_capacity_bytes{{{K}}}", "capacity {{instance}}")]},
+            {"title": "Chunks in RAM by retention", "w": 8, "targets": [(f"kvd_chunks_by_class{{{K}}}", "{{retention}}")]},
+            {"title": "Stored and served bytes", "unit": "Bps", "w": 8, "targets": [
+                (f"rate(kvd_put_bytes_total{{{K}}}[$__rate_interval])", "put {{instance}}"),
+                (f"rate(kvd_get_bytes_total{{{K}}}[$__rate_interval])", "get {{instance}}")]},
+        ],
+    ),
+    (
+        "Tiers",
+        [
+            {"title": "Hits by tier", "unit": "ops", "w": 8, "targets": [
+                (f"rate(kvd_tier_hits_total{{{K}}}[$__rate_interval])", "{{tier}}")]},
+            {"title": "Tier fill", "unit": "percentunit", "w": 8, "targets": [
+                (f"kvd_tier_used_bytes{{{K}}} / (kvd_tier_capacity_bytes{{{K}}} > 0)", "{{tier}}")]},
+            {"title": "Tier read and write", "unit": "Bps", "w": 8, "targets": [
+                (f"rate(kvd_tier_read_bytes_total{{{K}}}[$__rate_interval])", "read {{tier}}"),
+                (f"rate(kvd_tier_written_bytes_total{{{K}}}[$__rate_interval])", "written {{tier}}")]},
+            {"title": "Long tier queue", "w": 8, "targets": [
+                (f'kvd_tier_queued_writes{{tier="long",{K}}}', "queued"),
+                (f'kvd_tier_backlog{{tier="long",{K}}}', "backlog"),
+                (f'kvd_tier_unpersisted_chunks{{tier="long",{K}}}', "unpersisted")]},
+            {"title": "Long tier errors and drops", "w": 8, "targets": [
+                (f"increase(kvd_tier_failed_writes_total{{{K}}}[$__rate_interval])", "failed writes"),
+                (f"increase(kvd_tier_failed_reads_total{{{K}}}[$__rate_interval])", "failed reads"),
+                (f"increase(kvd_tier_dropped_writes_total{{{K}}}[$__rate_interval])", "dropped writes")]},
+            {"title": "Checksum failures", "w": 8, "targets": [
+                (f"increase(kvd_corrupt_chunks_total{{{K}}}[$__rate_interval])", "{{instance}}")],
+             "thresholds": [("green", None), ("red", 1)]},
+        ],
+    ),
+    (
+        "Data path",
+        [
+            {"title": "Clients by data path", "w": 8, "targets": [(f"sum by (data_path) (kvd_clients{{{K}}})", "{{data_path}}")]},
+            {"title": "Clients on a fallback path", "w": 8, "targets": [
+                (f"sum by (name, role, data_path) (kvd_clients_fallback{{{K}}})", "{{name}} {{role}} {{data_path}}")],
+             "thresholds": [("green", None), ("red", 1)]},
+            {"title": "Engine data path", "w": 8, "targets": [
+                (f"vllm:kvd_data_path_info{{{V}}} == 1", "{{model_name}} {{data_path}}"),
+                (f"vllm:kvd_data_path_fallback{{{V}}}", "{{model_name}} fallback")]},
+        ],
+    ),
+    (
+        "Connector (vLLM's endpoint)",
+        [
+            {"title": "kvd hit tokens by tier", "unit": "short", "w": 8, "targets": [
+                (f"sum by (tier) (rate(vllm:kvd_hit_tokens_total{{{V}}}[$__rate_interval]))", "{{tier}}")]},
+            {"title": "Chunks loaded and saved", "unit": "ops", "w": 8, "targets": [
+                (f"sum(rate(vllm:kvd_loaded_chunks_total{{{V}}}[$__rate_interval]))", "loaded"),
+                (f"sum(rate(vllm:kvd_saved_chunks_total{{{V}}}[$__rate_interval]))", "saved")]},
+            {"title": "Load and store bandwidth", "unit": "Bps", "w": 8, "targets": [
+                (f"sum(rate(vllm:kv_offload_load_bytes_total{{{V}}}[$__rate_interval]))", "load"),
+                (f"sum(rate(vllm:kv_offload_store_bytes_total{{{V}}}[$__rate_interval]))", "store")]},
+            {"title": "Load and save step latency (p50, p99)", "unit": "s", "w": 8, "targets": [
+                (f"histogram_quantile(0.5, sum by (le) (rate(vllm:kvd_load_duration_seconds_bucket{{{V}}}[$__rate_interval])))", "load p50"),
+                (f"histogram_quantile(0.99, sum by (le) (rate(vllm:kvd_load_duration_seconds_bucket{{{V}}}[$__rate_interval])))", "load p99"),
+                (f"histogram_quantile(0.5, sum by (le) (rate(vllm:kvd_save_duration_seconds_bucket{{{V}}}[$__rate_interval])))", "save p50"),
+                (f"histogram_quantile(0.99, sum by (le) (rate(vllm:kvd_save_duration_seconds_bucket{{{V}}}[$__rate_interval])))", "save p99")]},
+            {"title": "Bytes per load and save step (p50)", "unit": "bytes", "w": 8, "targets": [
+                (f"histogram_quantile(0.5, sum by (le) (rate(vllm:kv_offload_load_size_bucket{{{V}}}[$__rate_interval])))", "load"),
+                (f"histogram_quantile(0.5, sum by (le) (rate(vllm:kv_offload_store_size_bucket{{{V}}}[$__rate_interval])))", "store")]},
+            {"title": "Failed loads and dropped saves", "w": 8, "targets": [
+                (f"sum by (reason) (increase(vllm:kvd_failed_loads_total{{{V}}}[$__rate_interval]))", "failed load: {{reason}}"),
+                (f"sum by (reason) (increase(vllm:kvd_dropped_saves_total{{{V}}}[$__rate_interval]))", "dropped save: {{reason}}"),
+                (f"sum(increase(vllm:kvd_lookup_errors_total{{{V}}}[$__rate_interval]))", "lookup errors")]},
+        ],
+    ),
+    (
+        "vLLM prefix cache",
+        [
+            {"title": "Prefix cache hit ratio (GPU)", "unit": "percentunit", "w": 6, "targets": [
+                (f"sum(rate(vllm:prefix_cache_hits_total{{{V}}}[$__rate_interval])) / sum(rate(vllm:prefix_cache_queries_total{{{V}}}[$__rate_interval]))", "local")]},
+            {"title": "External prefix cache hit ratio (kvd)", "unit": "percentunit", "w": 6, "targets": [
+                (f"sum(rate(vllm:external_prefix_cache_hits_total{{{V}}}[$__rate_interval])) / sum(rate(vllm:external_prefix_cache_queries_total{{{V}}}[$__rate_interval]))", "external")]},
+            {"title": "Cached prompt tokens by source (vLLM 0.32+)", "unit": "short", "w": 6, "targets": [
+                (f"sum by (source) (rate(vllm:prompt_tokens_cached_by_source_total{{{V}}}[$__rate_interval]))", "{{source}}")]},
+            {"title": "GPU KV cache usage", "unit": "percentunit", "w": 6, "targets": [
+                (f"vllm:kv_cache_usage_perc{{{V}}}", "{{model_name}} {{engine}}")]},
+        ],
+    ),
+]  # fmt: skip
+
+
+def panel(spec: dict[str, Any], pid: int, x: int, y: int) -> dict[str, Any]:
+    kind = spec.get("type", "timeseries")
+    defaults: dict[str, Any] = {"unit": spec.get("unit", "short")}
+    if "thresholds" in spec:
+        defaults["thresholds"] = {
+            "mode": "absolute",
+            "steps": [{"color": c, "value": v} for c, v in spec["thresholds"]],
+        }
+    out: dict[str, Any] = {
+        "id": pid,
+        "type": kind,
+        "title": spec["title"],
+        "datasource": DS,
+        "gridPos": {"h": 4 if kind == "stat" else 8, "w": spec["w"], "x": x, "y": y},
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {"legend": {"displayMode": "list", "placement": "bottom"}} if kind == "timeseries" else {},
+        "targets": [
+            {"refId": chr(ord("A") + i), "datasource": DS, "expr": expr, "legendFormat": legend}
+            for i, (expr, legend) in enumerate(spec["targets"])
+        ],
+    }
+    return out
+
+
+def variable(name: str, label: str, query: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DS,
+        "query": {"query": query, "refId": name},
+        "definition": query,
+        "includeAll": True,
+        "multi": True,
+        "current": {"text": "All", "value": "$__all"},
+        "refresh": 2,
+        "sort": 1,
+    }
+
+
+def dashboard() -> dict[str, Any]:
+    panels: list[dict[str, Any]] = []
+    pid, y = 1, 0
+    for title, specs in ROWS:
+        panels.append(
+            {
+                "id": pid,
+                "type": "row",
+                "title": title,
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+                "panels": [],
+            }
+        )
+        pid, y, x, row_h = pid + 1, y + 1, 0, 0
+        for spec in specs:
+            p = panel(spec, pid, x, y)
+            if x + spec["w"] > 24:
+                y, x = y + row_h, 0
+                p["gridPos"].update(x=0, y=y)
+                row_h = 0
+            panels.append(p)
+            pid, x, row_h = pid + 1, x + spec["w"], max(row_h, p["gridPos"]["h"])
+        y += row_h
+    return {
+        "title": "infera-kvd",
+        "uid": "infera-kvd",
+        "description": "The kvd daemon, its tiers and data paths, and InferaKvdConnector inside vLLM, beside vLLM's prefix-cache panels.",
+        "tags": ["infera-kvd", "vllm", "kv-cache"],
+        "editable": True,
+        "schemaVersion": 39,
+        "version": 1,
+        "time": {"from": "now-1h", "to": "now"},
+        "refresh": "30s",
+        "timezone": "browser",
+        "templating": {
+            "list": [
+                {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus", "current": {}},
+                variable("instance", "kvd instance", "label_values(kvd_build_info, instance)"),
+                variable("model_name", "vLLM model", "label_values(vllm:kvd_lookups_total, model_name)"),
+            ]
+        },
+        "annotations": {"list": []},
+        "panels": panels,
+    }  # fmt: skip
+
+
+if __name__ == "__main__":
+    OUT.write_text(json.dumps(dashboard(), indent=2) + "\n")
+    print(f"wrote {OUT}")
