@@ -48,6 +48,7 @@ HEADER_SIZE = 4096
 EXT = ".kvcache"
 VERSION_DIR = f"v{FORMAT_VERSION}"
 NAMESPACE_FILE = "namespace"
+NS_PREFIX_LEN = 8  # bytes of the namespace digest that name its directory (infera.kvd.keyspace)
 QUARANTINE_DIR = "quarantine"
 TMP_SUFFIX = ".tmp"
 
@@ -166,7 +167,7 @@ def ns_digest(namespace: str) -> bytes:
 
 
 def ns_dirname(digest: bytes) -> str:
-    return digest[:8].hex()
+    return digest[:NS_PREFIX_LEN].hex()
 
 
 def fan_dirname(key: bytes) -> str:
@@ -608,6 +609,7 @@ __all__ = [
     "FORMAT_VERSION",
     "HEADER_SIZE",
     "MAGIC",
+    "NS_PREFIX_LEN",
     "ChunkFileError",
     "ChunkHeader",
     "CorruptChunk",

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from infera import __version__
 from infera.kvd import protocol as P
 from infera.kvd.conn import BadRequest, Client, Reply, hello_info, report_fields
+from infera.kvd.keyspace import ikey_prefix
 from infera.kvd.tiers.base import FileBackedTier
 
 if TYPE_CHECKING:
@@ -69,7 +70,8 @@ class Ops:
         return vals
 
     def ikeys(self, client: Client, keys: list[bytes]) -> list[bytes]:
-        prefix = client.ns_id.to_bytes(2, "big")
+        """The ikeys of ``keys`` in the client's namespace (hot: up to MAX_BATCH keys a request)."""
+        prefix = ikey_prefix(client.ns_id)
         return [prefix + k for k in keys]
 
     # -- ops --------------------------------------------------------------------------------

@@ -43,7 +43,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from infera.kvd.arena import ALIGN, Allocator, align_up
-from infera.kvd.namespaces import Namespaces
+from infera.kvd.keyspace import key_of, ns_id_of
+from infera.kvd.namespaces import NamespaceTable
 from infera.kvd.protocol import RETENTION_CODE, RETENTIONS
 
 NONE, EPHEMERAL, SHORT, LONG = (RETENTION_CODE[r] for r in RETENTIONS)
@@ -91,11 +92,11 @@ class Chunk:
 
     @property
     def ns_id(self) -> int:
-        return int.from_bytes(self.ikey[:2], "big")
+        return ns_id_of(self.ikey)
 
     @property
     def key(self) -> bytes:
-        return self.ikey[2:]
+        return key_of(self.ikey)
 
     def evictable(self, now: float) -> bool:
         return self.leases == 0 and self.pins == 0 and self.hold_until <= now
@@ -134,9 +135,9 @@ class Store:
         self._seq = itertools.count()
         self._by_expiry: OrderedDict[bytes, Chunk] = OrderedDict()  # ephemeral, in seal order
         self._full_at: int | None = None  # within reserve_many: smallest size refused "full"
-        self.ns = Namespaces()  # ids are counted and reused (see infera.kvd.namespaces)
-        self.namespaces: dict[str, int] = self.ns.ids
-        self.ns_names: list[str] = self.ns.names
+        # id <-> name and the Namespace (text, digest) of an id, for the ops and the long tiers;
+        # ids are counted and reused (see infera.kvd.namespaces)
+        self.ns = NamespaceTable()
         self.bytes_stored = 0
         # Hooks the long tier installs (see tiers/): called with the chunk.
         self.on_seal: Callable[[Chunk], None] | None = None
@@ -173,10 +174,6 @@ class Store:
         """The id of namespace ``name``, counted as held once more until ``self.ns.release``.
         Raises ValueError when every id is in use."""
         return self.ns.acquire(name, lambda: itertools.chain(self.index, self.pending))
-
-    @staticmethod
-    def ikey(ns: int, key: bytes) -> bytes:
-        return ns.to_bytes(2, "big") + key
 
     # -- writers ----------------------------------------------------------------------------
     def reserve(self, ikey: bytes, length: int, retention: int, overwrite: bool = False) -> ReserveResult:

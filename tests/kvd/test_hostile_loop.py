@@ -35,7 +35,7 @@ from hostile import (
 from helpers import Daemon
 from infera.kvd import protocol as P
 from infera.kvd.client import KvdClient
-from infera.kvd.namespaces import NS_IDS, Namespaces
+from infera.kvd.namespaces import NS_IDS, NamespaceTable
 from infera.kvd.snapshot import STATS_MAX_CLIENTS
 
 MiB = 1 << 20
@@ -211,7 +211,7 @@ def test_namespace_ids_are_freed_but_never_while_chunks_use_them(daemon: Daemon)
 
 
 def test_namespace_table_reclaims_only_ids_no_chunk_refers_to() -> None:
-    table = Namespaces()
+    table = NamespaceTable()
     held = {0: b"\x00\x00chunk"}  # id 0 still keys a chunk in RAM
     for i in range(NS_IDS):
         nid = table.acquire(f"ns-{i}")

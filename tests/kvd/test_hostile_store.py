@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import Daemon, free_port
+from infera.kvd import keyspace as ks
 from infera.kvd import metrics
 from infera.kvd import protocol as P
 from infera.kvd.arena import ALIGN, align_up
@@ -182,7 +183,7 @@ def test_metrics_replies_to_a_client_that_shuts_its_side(start_daemon: Callable[
 
 
 def _sealed(store: Store, name: bytes, retention: int = SHORT, size: int = ALIGN) -> Chunk:
-    res = store.reserve(Store.ikey(0, name), size, retention)
+    res = store.reserve(ks.ikey(0, name), size, retention)
     assert res.chunk is not None, res.error
     store.seal(res.chunk)
     return res.chunk
@@ -206,7 +207,7 @@ def test_store_refusal_sets_each_chunk_in_use_aside_once(how: str) -> None:
             store.hold(chunk, 600)
         else:
             chunk.pins += 1  # the way the tiers pin
-    keys = [Store.ikey(1, b"k%d" % i) for i in range(P.MAX_BATCH)]
+    keys = [ks.ikey(1, b"k%d" % i) for i in range(P.MAX_BATCH)]
     t0 = time.monotonic()
     results = store.reserve_many(keys, [ALIGN] * len(keys), LONG)
     assert time.monotonic() - t0 <= STORE_REFUSAL_S
@@ -225,18 +226,18 @@ def test_store_released_chunks_come_back_at_the_mru_end() -> None:
     a, b, c, d = (_sealed(store, n) for n in (b"a", b"b", b"c", b"d"))
     for chunk in (a, b, c, d):
         store.lease(chunk)
-    assert store.reserve(Store.ikey(0, b"x"), ALIGN, SHORT).error == "full"
+    assert store.reserve(ks.ikey(0, b"x"), ALIGN, SHORT).error == "full"
     assert all(ch.parked == BUSY for ch in (a, b, c, d))
     store.release(c)
     store.release(a)  # released after c: more recent
     evicted = []
     for name in (b"x", b"y"):
         before = set(store.index)
-        res = store.reserve(Store.ikey(0, name), ALIGN, SHORT)
+        res = store.reserve(ks.ikey(0, name), ALIGN, SHORT)
         assert res.chunk is not None
-        evicted += [k[2:] for k in before - set(store.index)]
+        evicted += [ks.key_of(k) for k in before - set(store.index)]
     assert evicted == [b"c", b"a"]
-    assert store.reserve(Store.ikey(0, b"z"), ALIGN, SHORT).error == "full"
+    assert store.reserve(ks.ikey(0, b"z"), ALIGN, SHORT).error == "full"
 
 
 def test_store_held_chunks_come_back_when_the_hold_passes() -> None:
@@ -244,15 +245,15 @@ def test_store_held_chunks_come_back_when_the_hold_passes() -> None:
     store = Store(2 * ALIGN, clock=lambda: now[0])
     a, b = _sealed(store, b"a"), _sealed(store, b"b")
     assert store.count_present([a.ikey, b.ikey], hold_s=10) == (2, 2)
-    assert store.reserve(Store.ikey(0, b"x"), ALIGN, SHORT).error == "full"
+    assert store.reserve(ks.ikey(0, b"x"), ALIGN, SHORT).error == "full"
     assert a.parked == HELD and b.parked == HELD
     now[0] += 5
     assert store.count_present([b.ikey], hold_s=10) == (1, 1)  # b's hold renewed while parked
     now[0] += 6  # a's hold has passed, b's has not
-    res = store.reserve(Store.ikey(0, b"x"), ALIGN, SHORT)
+    res = store.reserve(ks.ikey(0, b"x"), ALIGN, SHORT)
     assert res.chunk is not None and a.ikey not in store.index and b.ikey in store.index
     store.seal(res.chunk)
-    assert store.reserve(Store.ikey(0, b"y"), ALIGN, SHORT).chunk is not None  # x was evictable
+    assert store.reserve(ks.ikey(0, b"y"), ALIGN, SHORT).chunk is not None  # x was evictable
     assert b.ikey in store.index
     now[0] += 10
     store.lease(b)  # the hold passes while b is leased: back only when the lease goes
@@ -267,9 +268,9 @@ def test_store_pinned_chunk_comes_back_on_unpin() -> None:
     a, b = _sealed(store, b"a", LONG), _sealed(store, b"b", LONG)
     a.pins += 1
     b.pins += 1
-    assert store.reserve(Store.ikey(0, b"x"), ALIGN, LONG).error == "full"
+    assert store.reserve(ks.ikey(0, b"x"), ALIGN, LONG).error == "full"
     store.unpin(b)
-    assert store.reserve(Store.ikey(0, b"x"), ALIGN, LONG).chunk is not None
+    assert store.reserve(ks.ikey(0, b"x"), ALIGN, LONG).chunk is not None
     assert b.ikey not in store.index and a.ikey in store.index
 
 
@@ -310,7 +311,7 @@ def test_store_reserve_many_rolls_back_when_something_raises() -> None:
         raise RuntimeError("a tier hook failed")
 
     store.on_drop = boom
-    keys = [Store.ikey(0, b"n%d" % i) for i in range(4)]  # the 4th needs an eviction: boom
+    keys = [ks.ikey(0, b"n%d" % i) for i in range(4)]  # the 4th needs an eviction: boom
     with pytest.raises(RuntimeError):
         store.reserve_many(keys, [ALIGN] * 4, SHORT)
     assert not store.pending and store.alloc.used == used
@@ -324,14 +325,14 @@ def test_store_reserve_many_fails_fast_only_for_sizes_that_cannot_fit() -> None:
     a = _sealed(store, b"a")
     store.lease(a)
     lengths = [3 * ALIGN, ALIGN, 2 * ALIGN, ALIGN, ALIGN, 5 * ALIGN]
-    keys = [Store.ikey(0, b"k%d" % i) for i in range(len(lengths))]
+    keys = [ks.ikey(0, b"k%d" % i) for i in range(len(lengths))]
     got = [r.error or "ok" for r in store.reserve_many(keys, lengths, SHORT)]
     assert got == ["full", "ok", "full", "ok", "full", "too_large"]
-    assert store.reserve(Store.ikey(0, b"later"), ALIGN, SHORT).error == "full"
+    assert store.reserve(ks.ikey(0, b"later"), ALIGN, SHORT).error == "full"
     assert store.c["put_rejected_full_total"] == 4
     # nothing refused yet: even the largest chunk that fits is tried
     empty = Store(3 * ALIGN)
-    (res,) = empty.reserve_many([Store.ikey(0, b"all")], [3 * ALIGN - 1], SHORT)
+    (res,) = empty.reserve_many([ks.ikey(0, b"all")], [3 * ALIGN - 1], SHORT)
     assert res.chunk is not None
 
 
@@ -362,7 +363,7 @@ def test_store_model(ops: list[tuple]) -> None:
     store = Store(8 * ALIGN, ephemeral_ttl=15, clock=lambda: now[0])
     leased: list[Chunk] = []
     pinned: list[Chunk] = []
-    key = lambda i: Store.ikey(0, b"k%d" % i)  # noqa: E731
+    key = lambda i: ks.ikey(0, b"k%d" % i)  # noqa: E731
 
     def check(full: bool) -> None:
         t = now[0]

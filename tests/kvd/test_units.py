@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infera.errors import UsageError
+from infera.kvd import keyspace as ks
 from infera.kvd.arena import ALIGN, Allocator
 from infera.kvd.protocol import RETENTION_CODE, FrameReader, FrameTooLarge, encode
 from infera.kvd.store import Store
@@ -81,7 +82,7 @@ def test_allocator_regions_never_overlap(ops: list[tuple[bool, int]]) -> None:
 
 
 def _fill(store: Store, name: bytes, retention: str, size: int = ALIGN) -> bytes:
-    ikey = Store.ikey(0, name)
+    ikey = ks.ikey(0, name)
     res = store.reserve(ikey, size, RETENTION_CODE[retention])
     assert res.chunk is not None, res.error
     store.seal(res.chunk)
@@ -104,7 +105,7 @@ def test_eviction_order_ephemeral_then_short_then_long() -> None:
     for i in range(6):
         before = set(store.index)
         _fill(store, b"N%d" % i, "long")
-        evicted += [k[2:] for k in before - set(store.index)]
+        evicted += [ks.key_of(k) for k in before - set(store.index)]
     assert evicted == [b"E1", b"E2", b"S1", b"S2", b"L1", b"L2"]
 
 
@@ -117,7 +118,7 @@ def test_lru_within_a_class_respects_access() -> None:
     assert chunk is not None
     store.touch(chunk)  # a is now the most recent
     _fill(store, b"d", "long")
-    assert Store.ikey(0, b"b") not in store.index and a in store.index
+    assert ks.ikey(0, b"b") not in store.index and a in store.index
 
 
 def test_leased_chunk_is_never_evicted_and_full_is_reported() -> None:
@@ -128,14 +129,14 @@ def test_leased_chunk_is_never_evicted_and_full_is_reported() -> None:
         chunk = store.find(ikey)
         assert chunk is not None
         store.lease(chunk)
-    res = store.reserve(Store.ikey(0, b"c"), ALIGN, RETENTION_CODE["long"])
+    res = store.reserve(ks.ikey(0, b"c"), ALIGN, RETENTION_CODE["long"])
     assert res.chunk is None and res.error == "full"
     assert a in store.index and b in store.index
 
 
 def test_none_retention_is_never_stored() -> None:
     store = Store(4 * ALIGN)
-    res = store.reserve(Store.ikey(0, b"x"), 10, RETENTION_CODE["none"])
+    res = store.reserve(ks.ikey(0, b"x"), 10, RETENTION_CODE["none"])
     assert res.chunk is None and res.error == "none" and store.alloc.used == 0
 
 

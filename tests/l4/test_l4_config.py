@@ -17,8 +17,8 @@ from helpers import Daemon
 from infera.errors import UsageError
 from infera.kvd.config import build_config
 from infera.kvd.flags import parse_master
-from infera.kvd.tiers.lmcache import MAX_KEY, lmcache_name
-from infera.kvd.tiers.mooncake import mooncake_name
+from infera.kvd.keyspace import lmcache_name, mooncake_name
+from infera.kvd.tiers.lmcache import MAX_KEY
 
 BASE: dict[str, Any] = {
     "socket": "/tmp/x.sock",

@@ -13,7 +13,8 @@ from services import LMCacheServer
 
 from helpers import Daemon
 from infera.kvd.chunkfile import ns_digest
-from infera.kvd.tiers.lmcache import HEALTH, OK, PUT, REPLY, lmcache_name, request
+from infera.kvd.keyspace import lmcache_name
+from infera.kvd.tiers.lmcache import HEALTH, OK, PUT, REPLY, request
 
 pytestmark = pytest.mark.services
 

@@ -17,7 +17,7 @@ from services import MooncakeMaster, MooncakeStorageNode, Service
 
 from helpers import Daemon
 from infera.kvd.chunkfile import ns_digest
-from infera.kvd.tiers.mooncake import mooncake_name
+from infera.kvd.keyspace import mooncake_name
 
 pytestmark = pytest.mark.services
 

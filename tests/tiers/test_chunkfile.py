@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from infera.kvd import chunkfile as cf
+from infera.kvd.keyspace import Namespace
 from infera.kvd.tiers import diskfs, diskscan
 
 
@@ -119,8 +120,8 @@ def test_scan_indexes_names_sizes_and_sweeps_stale_temps(tmp_path: Path) -> None
     result = diskscan.scan(root)
     fkeys = [(e[1], e[2]) for e in result.entries]
     assert fkeys == [
-        (cf.ns_digest("a")[:8] + b"k1", 4096 + 10),
-        (cf.ns_digest("b")[:8] + b"k2", 4096 + 20),
+        (Namespace(0, "a", cf.ns_digest("a")).fkey(b"k1"), 4096 + 10),
+        (Namespace(1, "b", cf.ns_digest("b")).fkey(b"k2"), 4096 + 20),
     ], "entries must be ordered oldest first"
     assert result.other_version == 1 and result.stale_temps == 1 and result.young_temps == [young]
     assert not os.path.exists(stale) and os.path.exists(young)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from infera.kvd import chunkfile as cf
-from infera.kvd.keyspace import Namespace, Namespaces, key_of
+from infera.kvd.keyspace import Namespace, key_of
 from infera.kvd.store import LONG, Chunk
 from infera.kvd.tiers import diskfs, diskread, diskscan
 from infera.kvd.tiers.pipeline import WriteJob, WriteThrough
@@ -66,7 +66,7 @@ class DiskTier:
         self.root_fd, self._lock_fd = diskfs.open_tree(self.root)
         self.index: OrderedDict[bytes, int] = OrderedDict()  # fkey -> file size, LRU first
         self.bytes_used = 0
-        self.ns = Namespaces(lambda nid: store.ns_names[nid])
+        self.ns = store.ns  # the namespace table: id -> Namespace, fkey <-> ikey
         self._failing: dict[str, str] = {}  # condition -> first message, logged once
         self._deleted_while_loading: set[bytes] = set()
         self._young_temps: list[str] = []
@@ -198,7 +198,7 @@ class DiskTier:
         if size > self.capacity:
             self.fail("too_large", f"a {size}-byte chunk is larger than --long-bytes; not persisted")
             return None
-        return ns.prefix + chunk.key
+        return ns.fkey(chunk.key)
 
     def accepting(self) -> bool:
         return True
@@ -269,7 +269,7 @@ class DiskTier:
         return v.size
 
     def locate(self, ikey: bytes, ns: Namespace) -> tuple[bytes, int] | None:
-        fkey = ns.prefix + key_of(ikey)
+        fkey = ns.fkey(key_of(ikey))
         size = self.index.get(fkey)
         if size is None and self.loading:
             size = self.probe(fkey)

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from infera.kvd import chunkfile as cf
-from infera.kvd.keyspace import fkey_key, fkey_prefix
+from infera.kvd.keyspace import NS_PREFIX_LEN, fkey, fkey_key, fkey_prefix, ns_prefix
 from infera.kvd.tiers.diskfs import STALE_TEMP_S, fan_parts, open_root, quarantine_at
 
 log = logging.getLogger("infera.kvd.disk")
@@ -58,7 +58,7 @@ def check_at(dir_fd: int, name: str, key: bytes, ns8: bytes) -> Verdict:
         return Verdict(CORRUPT, why=str(exc))
     if header.key != key:
         return Verdict(CORRUPT, why="file holds another key than its name says")
-    if header.namespace_digest[:8] != ns8:
+    if ns_prefix(header.namespace_digest) != ns8:
         return Verdict(CORRUPT, why="file belongs to another namespace than its directory says")
     if header.payload_length != st.st_size - cf.HEADER_SIZE:
         return Verdict(
@@ -184,7 +184,7 @@ def _scan(root_fd: int, root: str, now: float, out: ScanResult) -> None:
                 ns8 = bytes.fromhex(ns)
             except ValueError:
                 continue
-            if len(ns8) == 8:
+            if len(ns8) == NS_PREFIX_LEN:
                 _scan_ns(root_fd, vfd, os.path.join(vpath, ns), ns, ns8, now, out)
     finally:
         os.close(vfd)
@@ -238,7 +238,7 @@ def _scan_fan(
                 continue
             v = check_at(fanfd, name, key, ns8)
             if v.kind == OK:
-                entries.append((v.mtime_ns, ns8 + key, v.size))
+                entries.append((v.mtime_ns, fkey(ns8, key), v.size))
             elif v.kind == IGNORED:
                 out.ignored += 1
             elif v.kind == OTHER:

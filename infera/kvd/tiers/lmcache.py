@@ -12,8 +12,8 @@ Protocol (native byte order, one TCP stream per client, requests answered strict
 * reply header, 36 bytes: ``iiiiiiiii`` = code (200 ok, 400 fail), length, format, dtype,
   shape[4], location; a successful GET is followed by ``length`` bytes.
 * The key must parse as LMCache's ``model@world_size@worker_id@<hex hash>@dtype``; anything else
-  makes the server drop the connection. Ours is ``<namespace digest>@1@0@1<key hex>@uint8``
-  (the leading ``1`` keeps leading zero bytes of the key: the server compares the hash as an int).
+  makes the server drop the connection. Ours is ``<namespace prefix hex>@1@0@1<key hex>@uint8``
+  (:func:`infera.kvd.keyspace.lmcache_name`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from infera.kvd.keyspace import LMCACHE_NAME_MAX, lmcache_name
 from infera.kvd.tiers.remote import RemoteTier
 from infera.kvd.tiers.transport import HEADER, Region, Transport, TransportError
 
@@ -37,16 +38,9 @@ PUT, GET, EXIST, HEALTH = 1, 2, 3, 5
 OK, FAIL = 200, 400
 FMT_BINARY = 4
 DTYPE_UINT8 = 6
-MAX_KEY = 150
+MAX_KEY = LMCACHE_NAME_MAX  # the key field of REQUEST
 IO_TIMEOUT_S = 10.0
 PROBE_TIMEOUT_S = 1.0
-
-
-def lmcache_name(digest: bytes, key: bytes) -> str:
-    """The LMCache key of chunk ``key`` in the namespace whose digest is ``digest``."""
-    body = f"@1@0@1{key.hex()}@uint8"
-    room = min(16, MAX_KEY - len(body))
-    return digest[: room // 2].hex() + body
 
 
 def parse_url(url: str) -> tuple[str, int]:
@@ -248,4 +242,4 @@ class LMCacheTier(RemoteTier):
         return out
 
 
-__all__ = ["LMCacheTier", "LMCacheTransport", "lmcache_name"]
+__all__ = ["LMCacheTier", "LMCacheTransport"]

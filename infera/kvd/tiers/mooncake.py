@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from infera.errors import UsageError
 from infera.kvd.flags import parse_master
+from infera.kvd.keyspace import mooncake_name
 from infera.kvd.tiers.remote import RemoteTier
 from infera.kvd.tiers.transport import HEADER, Region, Transport, TransportError
 
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     from infera.kvd.config import DaemonConfig
     from infera.kvd.tiers.base import TierHost
 
-NAME_PREFIX = "kvd1"
 PROBE_TIMEOUT_S = 0.5
 
 # Mooncake Store error codes (mooncake-store/include/types.h) the tier reacts to.
@@ -62,11 +62,6 @@ ERRORS = {
 def code_error(rc: int, what: str) -> TransportError:
     text, kind = ERRORS.get(rc, (f"error {rc}", "error"))
     return TransportError(f"{what}: {text} ({rc})", kind)
-
-
-def mooncake_name(digest: bytes, key: bytes) -> str:
-    """The Mooncake key of chunk ``key`` in the namespace whose digest is ``digest``."""
-    return f"{NAME_PREFIX}/{digest[:8].hex()}/{key.hex()}"
 
 
 def local_address(host: str, port: int) -> str:
@@ -156,7 +151,7 @@ class MooncakeTransport(Transport):
         return store
 
     def name(self, digest: bytes, key: bytes) -> str:
-        return mooncake_name(digest, key)
+        return mooncake_name(digest, key)  # kvd1/<namespace prefix hex>/<key hex>
 
     def exists(self, name: str) -> bool:
         rc = self._s().is_exist(name)
@@ -270,4 +265,4 @@ class MooncakeTier(RemoteTier):
         return out
 
 
-__all__ = ["MooncakeTier", "MooncakeTransport", "mooncake_name"]
+__all__ = ["MooncakeTier", "MooncakeTransport"]

@@ -28,11 +28,12 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from infera.kvd import chunkfile as cf
-from infera.kvd.keyspace import Namespace, Namespaces
+from infera.kvd.keyspace import Namespace
 from infera.kvd.store import LONG, Chunk
 from infera.kvd.tiers.writeretry import Retries
 
 if TYPE_CHECKING:
+    from infera.kvd.namespaces import NamespaceTable
     from infera.kvd.tiers.base import TierHost
 
 BACKLOG_MAX = 65536
@@ -107,7 +108,9 @@ class Backend(Protocol):
     last_error: str | None  # the last failure, in words (the pipelines set it too)
 
     @property
-    def ns(self) -> Namespaces: ...
+    def ns(self) -> NamespaceTable:
+        """The store's namespace table (``store.ns``)."""
+
     @property
     def c(self) -> dict[str, int]:
         """The tier's counters (STATS ``tiers.long``); the pipelines add theirs."""

@@ -9,7 +9,8 @@ this module what only a shared store needs, so both backends behave the same way
   a disk chunk; a bad one is counted in ``corrupt_chunks``, served as a miss and removed from the
   store so a writer can replace it.
 * Names are a pure function of (namespace text, key), never of the daemon's own namespace ids, so
-  every daemon that serves a namespace finds the chunks the others wrote.
+  every daemon that serves a namespace finds the chunks the others wrote (the formulas are in
+  :mod:`infera.kvd.keyspace`).
 * A GET that misses RAM is deferred while reader threads copy the value into the arena; it is
   answered within ``FETCH_TIMEOUT_S`` whatever the store does. LOOKUP asks the store whether the
   keys exist in one batched call and waits at most ``CONTAINS_TIMEOUT_S``; keys seen within
@@ -32,7 +33,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from infera.kvd import chunkfile as cf
-from infera.kvd.keyspace import Namespace, Namespaces, key_of
+from infera.kvd.keyspace import Namespace, key_of
 from infera.kvd.store import LONG, Chunk
 from infera.kvd.tiers.l4link import Link
 from infera.kvd.tiers.pipeline import WriteJob, WriteThrough
@@ -66,7 +67,7 @@ class RemoteTier(Link):
 
     def __init__(self, cfg: DaemonConfig, host: TierHost, transport: Transport) -> None:
         self.store = store = host.store
-        self.ns = Namespaces(lambda nid: store.ns_names[nid])
+        self.ns = store.ns  # the namespace table: id -> Namespace
         self._arena = host.arena.view
         self._arena_ptr = buffer_address(host.arena.map)
         nslots = max(1, cfg.long_writers) + READERS + 1

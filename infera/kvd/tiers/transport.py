@@ -52,7 +52,8 @@ class Transport:
         raise NotImplementedError
 
     def name(self, digest: bytes, key: bytes) -> str:
-        """The store's name for chunk ``key`` of the namespace with digest ``digest``."""
+        """The store's name for chunk ``key`` of the namespace with digest ``digest``: one of the
+        formulas of :mod:`infera.kvd.keyspace` (existing values must stay readable)."""
         raise NotImplementedError
 
     def exists(self, name: str) -> bool:
