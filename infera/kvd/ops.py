@@ -248,7 +248,7 @@ class Ops:
         if not isinstance(hold, int | float) or hold < 0 or hold > 600_000:
             raise BadRequest("'hold_ms' must be a number between 0 and 600000")
         ikeys = self.ikeys(client, keys)
-        count, _ = store.count_present(ikeys, hold / 1000.0)
+        count = store.count_present(ikeys, hold / 1000.0)
         on_long_only: list[int] = []  # indices of found keys that only the long tier holds
         if count < len(ikeys) and self.long is not None:
             # the rest may be on the long tier (a RAM miss in the middle continues there); the

@@ -82,7 +82,6 @@ ERROR_CODES = (
     "full",  # arena cannot hold the chunk even after eviction
     "busy",  # another writer holds a reservation for this key
     "exists",  # key already sealed (PUT without overwrite)
-    "not_found",
     "unsupported",  # feature not enabled on this daemon (e.g. PREWARM without a long tier)
     "too_large",
     "internal",

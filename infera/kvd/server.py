@@ -74,20 +74,9 @@ class Server(NetIO, Ops):
         self.snapshot_cache: dict[str, Any] = {}
         self.metrics: Any = None
         self.long: LongTier | None = None  # long tier, when configured (see infera.kvd.tiers)
+        # one handler per op of the protocol's table, named op_<op>: the table is the only list
         self.handlers: dict[str, Callable[[Client, dict[str, Any]], Reply]] = {
-            "HELLO": self.op_hello,
-            "PING": self.op_ping,
-            "PUT": self.op_put,
-            "SEAL": self.op_seal,
-            "ABORT": self.op_abort,
-            "GET": self.op_get,
-            "RELEASE": self.op_release,
-            "LOOKUP": self.op_lookup,
-            "DELETE": self.op_delete,
-            "STATS": self.op_stats,
-            "PREWARM": self.op_prewarm,
-            "REPORT": self.op_report,
-            "ADOPT": self.op_adopt,
+            op: getattr(self, f"op_{op.lower()}") for op in P.OPS
         }
 
     # -- lifecycle --------------------------------------------------------------------------

@@ -314,12 +314,10 @@ class Store:
             return None
         return chunk
 
-    def count_present(self, ikeys: list[bytes], hold_s: float = 0.0) -> tuple[int, int]:
-        """LOOKUP's hot loop: how many of ``ikeys`` are in RAM counting from the first.
-
-        Found chunks are touched (and held for ``hold_s``). Returns ``(count, stop)`` where
-        ``stop`` is the index of the first key not in RAM (== count), so a long tier can continue
-        the count from there."""
+    def count_present(self, ikeys: list[bytes], hold_s: float = 0.0) -> int:
+        """LOOKUP's hot loop: how many of ``ikeys`` are in RAM counting from the first (so a long
+        tier can continue the count at that index). Found chunks are touched (and held for
+        ``hold_s``)."""
         get = self.index.get
         ephemeral = EPHEMERAL
         now = self.clock()
@@ -334,7 +332,7 @@ class Store:
             if hold_s and chunk.hold_until < hold_until:
                 chunk.hold_until = hold_until
             n += 1
-        return n, n
+        return n
 
     def touch(self, chunk: Chunk) -> None:
         chunk.last_access = self.clock()

@@ -244,11 +244,11 @@ def test_store_held_chunks_come_back_when_the_hold_passes() -> None:
     now = [100.0]
     store = Store(2 * ALIGN, clock=lambda: now[0])
     a, b = _sealed(store, b"a"), _sealed(store, b"b")
-    assert store.count_present([a.ikey, b.ikey], hold_s=10) == (2, 2)
+    assert store.count_present([a.ikey, b.ikey], hold_s=10) == 2
     assert store.reserve(ks.ikey(0, b"x"), ALIGN, SHORT).error == "full"
     assert a.parked == HELD and b.parked == HELD
     now[0] += 5
-    assert store.count_present([b.ikey], hold_s=10) == (1, 1)  # b's hold renewed while parked
+    assert store.count_present([b.ikey], hold_s=10) == 1  # b's hold renewed while parked
     now[0] += 6  # a's hold has passed, b's has not
     res = store.reserve(ks.ikey(0, b"x"), ALIGN, SHORT)
     assert res.chunk is not None and a.ikey not in store.index and b.ikey in store.index
