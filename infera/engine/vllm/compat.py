@@ -21,6 +21,7 @@ from infera.engine.vllm.keys import (
     make_namespace,
     resolve_chunk_tokens,
 )
+from infera.engine.vllm.weights import WeightsInfo, weights_info
 
 log = logging.getLogger("infera.engine.vllm")
 
@@ -74,11 +75,24 @@ def hash_block_size(vllm_config: Any, kv_cache_config: Any = None) -> int:
         return block_size
 
 
+def model_weights(vllm_config: Any) -> WeightsInfo:
+    """The fingerprint of the weights this engine loads (model dir or hub snapshot, revision)."""
+    mc = vllm_config.model_config
+    load_format = getattr(getattr(vllm_config, "load_config", None), "load_format", "auto")
+    return weights_info(
+        str(mc.model),
+        revision=getattr(mc, "revision", None),
+        model_weights=str(getattr(mc, "model_weights", "") or "") or None,
+        load_format=str(getattr(load_format, "value", load_format) or "auto"),
+    )
+
+
 def engine_facts(vllm_config: Any, kv_cache_config: Any = None) -> EngineFacts:
     """The facts that pin a chunk's bytes and keys, from a ``VllmConfig``.
 
-    Only the model, cache and parallel configs are read (not the KV cache config), so the
-    API-server process derives the same namespace as the engine core for the prewarm route.
+    Only the model, load, cache and parallel configs (and the weight files' stat) are read (not the
+    KV cache config), so the API-server process derives the same namespace as the engine core for
+    the prewarm route.
     """
     mc = vllm_config.model_config
     cc = vllm_config.cache_config
@@ -111,6 +125,8 @@ def engine_facts(vllm_config: Any, kv_cache_config: Any = None) -> EngineFacts:
         hash_seed=seed,
         vllm_version=vllm_version(),
         platform=_platform(),
+        weights=model_weights(vllm_config).fingerprint,
+        quantization=str(getattr(mc, "quantization", None) or ""),
     )
 
 
