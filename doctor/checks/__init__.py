@@ -43,3 +43,8 @@ def host_only_unknown(ctx: Context, what: str, evidence: list[Evidence] | None =
         evidence or [],
         fix="run `kvd doctor` on the host itself for this check",
     )
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 namespace``, ``2 namespaces``."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
