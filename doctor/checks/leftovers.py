@@ -175,15 +175,16 @@ def leftovers(ctx: Context) -> CheckResult:
     paths = candidate_sockets(ctx)
     for path, why in paths.items():
         findings += _look(ctx, path, why, ev)
+    looked = len(ev)
     if not ctx.live and any(e.value.startswith("socket") for e in ev):
         ev.append(
             Evidence("note", "sockets under --root are judged by their lock file, not connected to", "note")
         )
     status = worst((f.status for f in findings), Status.OK)
     if not findings:
-        if not ev:
+        if not looked:
             return CheckResult(Status.OK, "no kvd sockets or lock files at the default paths", ev)
-        return CheckResult(Status.OK, f"no leftover sockets or lock files ({len(ev)} in use)", ev)
+        return CheckResult(Status.OK, f"no leftover sockets or lock files ({looked} in use)", ev)
     return CheckResult(
         status,
         "; ".join(f.text for f in findings),

@@ -98,6 +98,8 @@ def _pick(ctx: Context, procs: list[KvdProcess]) -> KvdProcess | None:
         for p in procs:
             if parse_flag_words(p.flags).values.get("socket") == sock:
                 return p
+        if ctx.options.socket_explicit:
+            return None  # the daemon asked about is not among those running
     return procs[0] if len(procs) == 1 else None
 
 

@@ -53,6 +53,8 @@ class FixtureHost:
         root = tree or self.copy(name)
         for host_path in yaml.safe_load(spec.read_text()) or []:
             real = root / str(host_path).lstrip("/")
+            if real.is_socket():
+                continue
             real.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(real.parent, os.O_RDONLY | os.O_DIRECTORY)
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

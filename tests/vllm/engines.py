@@ -6,14 +6,16 @@ eager mode with a small KV cache, so a start costs seconds rather than minutes.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +127,92 @@ def run_engine(
     if proc.returncode != 0 or not lines:
         raise AssertionError(f"engine run failed (exit {proc.returncode}):\n{log[-6000:]}")
     return EngineRun(json.loads(lines[-1][len("RESULT ") :]), log)
+
+
+class Server:
+    """``python -m infera.engine.vllm`` (the OpenAI server) as the tests talk to it."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+        import httpx
+
+        self.proc = proc
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self.http = httpx.Client(base_url=self.url, timeout=60)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def complete(self, ids: list[int], retention: str | None = None) -> list[int]:
+        body: dict[str, Any] = {
+            "model": "tiny",
+            "prompt": ids,
+            "max_tokens": 8,
+            "temperature": 0,
+            "return_token_ids": True,
+        }
+        if retention:
+            body["kv_transfer_params"] = {"infera_retention": retention}
+        r = self.http.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        return list(r.json()["choices"][0]["token_ids"])
+
+    def prewarm(self, body: Any) -> Any:
+        return self.http.post("/v1/cache/prewarm", content=json.dumps(body))
+
+
+@contextlib.contextmanager
+def serve(
+    model: str,
+    socket: str,
+    log_path: Path,
+    *,
+    kv_transfer_config: dict[str, Any] | None = None,
+    args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 400,
+) -> Iterator[Server]:
+    """Start the OpenAI server on ``model`` served as ``tiny``, with kvd at ``socket``; stop it after."""
+    import httpx
+
+    from helpers import free_port
+
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "infera.engine.vllm",
+        "--model", model, "--served-model-name", "tiny",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--skip-tokenizer-init", "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", "4",
+        "--enable-prefix-caching", "--kv-cache-memory-bytes", str(32 << 20),
+        "--kvd-socket-path", socket,
+        *(["--kv-transfer-config", json.dumps(kv_transfer_config)] if kv_transfer_config else []),
+        *(args or []),
+    ]  # fmt: skip
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd, env=env or engine_env(None), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    srv = Server(proc, port, log_path)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"server exited with {proc.returncode}:\n{srv.log()[-6000:]}")
+            try:
+                if srv.http.get("/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"server not up after {timeout:g} s:\n{srv.log()[-6000:]}")
+            time.sleep(1)
+        yield srv
+    finally:
+        srv.http.close()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()

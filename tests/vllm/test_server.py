@@ -8,22 +8,16 @@ vLLM's ExampleConnector stands in for the transport child (MooncakeConnector nee
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from engines import CONNECTOR, engine_env, prompt, run_engine
+from engines import CONNECTOR, Server, engine_env, prompt, run_engine, serve
 
-from helpers import Daemon, free_port
+from helpers import Daemon
 from infera.kvd.tiers import SUPPORTED
 
 pytestmark = pytest.mark.skipif("disk" not in SUPPORTED, reason="the disk long tier is not in this build")
@@ -51,34 +45,6 @@ def multi_config(storage: Path) -> dict[str, Any]:
     }
 
 
-class Server:
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
-        self.proc = proc
-        self.url = f"http://127.0.0.1:{port}"
-        self.log_path = log_path
-        self.http = httpx.Client(base_url=self.url, timeout=60)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def complete(self, ids: list[int], retention: str | None = None) -> list[int]:
-        body: dict[str, Any] = {
-            "model": "tiny",
-            "prompt": ids,
-            "max_tokens": 8,
-            "temperature": 0,
-            "return_token_ids": True,
-        }
-        if retention:
-            body["kv_transfer_params"] = {"infera_retention": retention}
-        r = self.http.post("/v1/completions", json=body)
-        assert r.status_code == 200, r.text
-        return list(r.json()["choices"][0]["token_ids"])
-
-    def prewarm(self, body: Any) -> httpx.Response:
-        return self.http.post("/v1/cache/prewarm", content=json.dumps(body))
-
-
 @pytest.fixture(scope="module")
 def kvd(module_tmp: Path) -> Iterator[Daemon]:
     long = module_tmp / "long"
@@ -91,49 +57,20 @@ def kvd(module_tmp: Path) -> Iterator[Daemon]:
 
 @pytest.fixture(scope="module")
 def server(tiny_model: str, kvd: Daemon, module_tmp: Path) -> Iterator[Server]:
-    port = free_port()
     storage = module_tmp / "example-connector"
     storage.mkdir()
     env = engine_env(None, VLLM_SERVER_DEV_MODE="1", VLLM_LOG_STATS_INTERVAL="1")
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the server runs its engine core in its own process
     env.pop("INFERA_KVD_SOCKET", None)  # --kvd-socket-path must be enough
-    cmd = [
-        sys.executable, "-m", "infera.engine.vllm",
-        "--model", tiny_model, "--served-model-name", "tiny",
-        "--host", "127.0.0.1", "--port", str(port),
-        "--skip-tokenizer-init", "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", "4",
-        "--enable-prefix-caching", "--kv-cache-memory-bytes", str(32 << 20),
-        "--kvd-socket-path", kvd.socket,
-        "--advertise-host", "127.0.0.1",
-        "--kv-transfer-config", json.dumps(multi_config(storage)),
-    ]  # fmt: skip
-    log_path = module_tmp / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    srv = Server(proc, port, log_path)
-    try:
-        deadline = time.monotonic() + 400
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"server exited with {proc.returncode}:\n{srv.log()[-6000:]}")
-            try:
-                if srv.http.get("/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"server not up after 400 s:\n{srv.log()[-6000:]}")
-            time.sleep(1)
+    with serve(
+        tiny_model,
+        kvd.socket,
+        module_tmp / "server.log",
+        kv_transfer_config=multi_config(storage),
+        args=["--advertise-host", "127.0.0.1"],
+        env=env,
+    ) as srv:
         yield srv
-    finally:
-        srv.http.close()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 def stats(kvd: Daemon) -> dict[str, Any]:

@@ -40,6 +40,7 @@ def _steps() -> list[dict[str, Any]]:
     return [
         {"op": "generate", "name": "p1", "prompt": P1},
         {"op": "keys", "name": "keys", "prompt": P1},
+        {"op": "statctl", "name": "stats"},
     ]
 
 
@@ -90,3 +91,11 @@ def test_the_connector_logs_the_weights(runs: dict[str, EngineRun]) -> None:
     ns = runs["c"]["keys"]["namespace"]
     short = ns.split("/")[2][2:]
     assert f"weights {short}" in runs["c"].log
+
+
+def test_kvd_stat_shows_the_weights_of_each_engine(runs: dict[str, EngineRun]) -> None:
+    """``kvd stat --json`` (what ``kvd top`` reads) names the namespace, weights tag included."""
+    c = runs["c"]
+    engines = [cl for cl in c["stats"]["stats"]["clients"] if cl["role"].startswith("vllm-")]
+    assert engines and {cl["namespace"] for cl in engines} == {c["keys"]["namespace"]}
+    assert all("/w:" in cl["namespace"] for cl in engines)
