@@ -7,6 +7,7 @@ API-server process, where import time matters.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterator
@@ -76,15 +77,24 @@ def hash_block_size(vllm_config: Any, kv_cache_config: Any = None) -> int:
 
 
 def model_weights(vllm_config: Any) -> WeightsInfo:
-    """The fingerprint of the weights this engine loads (model dir or hub snapshot, revision)."""
+    """The fingerprint of the weights this engine loads (model dir or hub snapshot, revision).
+
+    Taken once per process: an engine computes with the weights it loaded at start, so its
+    namespace stays theirs even if the files change under it (the API server's prewarm route
+    then agrees with the engine core, as both took it at start)."""
     mc = vllm_config.model_config
     load_format = getattr(getattr(vllm_config, "load_config", None), "load_format", "auto")
-    return weights_info(
+    return _weights_once(
         str(mc.model),
-        revision=getattr(mc, "revision", None),
-        model_weights=str(getattr(mc, "model_weights", "") or "") or None,
-        load_format=str(getattr(load_format, "value", load_format) or "auto"),
+        getattr(mc, "revision", None),
+        str(getattr(mc, "model_weights", "") or "") or None,
+        str(getattr(load_format, "value", load_format) or "auto"),
     )
+
+
+@functools.lru_cache(maxsize=8)
+def _weights_once(model: str, revision: str | None, remote: str | None, load_format: str) -> WeightsInfo:
+    return weights_info(model, revision=revision, model_weights=remote, load_format=load_format)
 
 
 def engine_facts(vllm_config: Any, kv_cache_config: Any = None) -> EngineFacts:
