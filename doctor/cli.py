@@ -12,6 +12,12 @@ DOCTOR_NOTES = {
     "--socket": "kvd doctor checks the daemon there, and skips the daemon checks when nothing is there "
     "and --socket is not given.",
     "--long-path": "kvd doctor runs the storage checks on it.",
+    "--max-bytes": "kvd doctor checks memory limits against it (default: the running daemon's arena).",
+    "--allow-uid": "kvd doctor says who may map the arena (default: the running daemon's).",
+    "--long-backend": "kvd doctor checks what it needs (default: the running daemon's).",
+    "--mooncake-protocol": "kvd doctor checks the locked-memory limit RDMA needs (default: the running daemon's).",
+    "--mooncake-segment-bytes": "kvd doctor counts it in the memory the daemon needs.",
+    "--mooncake-buffer-bytes": "kvd doctor counts it in the memory the daemon needs.",
 }
 DAEMON_OPTIONS = options([f for f in FLAGS if f.doctor], env=False, notes=DOCTOR_NOTES)
 
@@ -53,6 +59,18 @@ def doctor(
         False, "--verbose", "-v", help="Show the evidence and notes behind every check."
     ),
     list_checks: bool = typer.Option(False, "--list-checks", help="List the checks and exit."),
+    probe_isolation: bool = typer.Option(
+        False,
+        "--probe-isolation",
+        help="Send a prompt to --engine with one cache_salt, then with another and with none, and fail "
+        "if either is an external (kvd) hit. Runs only this probe unless --check says more.",
+    ),
+    engine: str = typer.Option(
+        None,
+        "--engine",
+        metavar="URL",
+        help="The engine's OpenAI server for --probe-isolation, e.g. http://127.0.0.1:8000.",
+    ),
 ) -> None:
     """Check this host (or a container, saying what it cannot know) before turning on kvd."""
     from infera.clikit import run_guarded
@@ -90,6 +108,18 @@ def doctor(
             from infera.discovery.etcd import parse_endpoints
 
             parse_endpoints(etcd)
+        if probe_isolation and not engine:
+            raise UsageError(
+                "--probe-isolation needs --engine URL", hint="e.g. --engine http://127.0.0.1:8000"
+            )
+        if engine and not engine.startswith(("http://", "https://")):
+            raise UsageError(f"--engine {engine!r} is not an http:// or https:// URL")
+        from infera.kvd.flags import BY_NAME
+
+        given = {BY_NAME[n].dest: daemon.values[BY_NAME[n].dest] for n in daemon.given if n in BY_NAME}
+        given.pop("socket", None)
+        given.pop("long_path", None)
+        checks = list(check) or (["isolation", "arena-sharing"] if probe_isolation else [])
         opts = DoctorOptions(
             root=root,
             socket=socket,
@@ -97,8 +127,11 @@ def doctor(
             long_path=long_path,
             etcd=etcd,
             etcd_prefix=etcd_prefix,
-            checks=list(check),
+            checks=checks,
             verbose=verbose,
+            daemon_flags=given,
+            probe_isolation=probe_isolation,
+            engine=engine,
         )
         report = run_doctor(opts)
         if json_out:

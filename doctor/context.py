@@ -34,6 +34,11 @@ class DoctorOptions:
     checks: list[str] = field(default_factory=list)
     verbose: bool = False
     extra: dict[str, str] = field(default_factory=dict)
+    #: daemon flags given to kvd doctor (by dest, as typed): they override the running daemon's
+    daemon_flags: dict[str, Any] = field(default_factory=dict)
+    #: ``--probe-isolation`` and the engine it sends requests to (``--engine URL``)
+    probe_isolation: bool = False
+    engine: str | None = None
 
 
 def live_processes() -> Iterable[psutil.Process]:

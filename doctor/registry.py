@@ -24,6 +24,7 @@ CheckFn = Callable[["Context"], "CheckResult"]
 #: Report sections, in the order they print. A check may name an area not listed; it prints last.
 AREAS: dict[str, str] = {
     "platform": "Platform",
+    "memory": "Memory and limits",
     "amd": "AMD driver and AIS",
     "storage": "Storage",
     "engines": "Engines",

@@ -31,3 +31,8 @@ def container_reason(ctx: Context) -> str | None:
     """Why host-only files cannot be trusted here, or None on a host."""
     info = detect(ctx)
     return info.describe() if info.in_container else None
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 namespace``, ``2 namespaces``."""
+    return f"{n} {word if n == 1 else many or word + 's'}"

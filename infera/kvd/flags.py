@@ -221,9 +221,17 @@ class Flag:
         return [] if value is None else [self.name, str(value)]
 
 
-def _mooncake(name: str, help: str, parse: Parse, metavar: str, bad: str, default: str | None = None) -> Flag:
+def _mooncake(
+    name: str,
+    help: str,
+    parse: Parse,
+    metavar: str,
+    bad: str,
+    default: str | None = None,
+    doctor: bool = False,
+) -> Flag:
     env = "INFERA_KVD_" + name[2:].replace("-", "_").upper()
-    return Flag(name, help, parse, default, env, metavar=metavar, backend="mooncake", bad=bad)
+    return Flag(name, help, parse, default, env, metavar=metavar, backend="mooncake", bad=bad, doctor=doctor)
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -244,6 +252,7 @@ FLAGS: tuple[Flag, ...] = (
         "1G",
         metavar="SIZE",
         bad="12Q",
+        doctor=True,
     ),
     Flag(
         "--long-path",
@@ -266,6 +275,7 @@ FLAGS: tuple[Flag, ...] = (
         choice(LONG_BACKENDS),
         metavar="NAME",
         bad="floppy",
+        doctor=True,
     ),
     Flag(
         "--socket-mode",
@@ -283,6 +293,7 @@ FLAGS: tuple[Flag, ...] = (
         kind="list",
         metavar="UID",
         bad="root:0",
+        doctor=True,
     ),
     Flag(
         "--log-level",
@@ -332,7 +343,9 @@ FLAGS: tuple[Flag, ...] = (
         "ftp://x",
         "P2PHANDSHAKE",
     ),
-    _mooncake("--mooncake-protocol", "tcp or rdma.", choice(("tcp", "rdma")), "NAME", "udp", "tcp"),
+    _mooncake(
+        "--mooncake-protocol", "tcp or rdma.", choice(("tcp", "rdma")), "NAME", "udp", "tcp", doctor=True
+    ),
     _mooncake("--mooncake-device", "RDMA device names, e.g. mlx5_0,mlx5_1.", text, "NAMES", ""),
     _mooncake(
         "--mooncake-segment-bytes",
@@ -341,8 +354,17 @@ FLAGS: tuple[Flag, ...] = (
         "SIZE",
         "lots",
         "0",
+        doctor=True,
     ),
-    _mooncake("--mooncake-buffer-bytes", "Mooncake client transfer buffer.", size(), "SIZE", "lots", "16M"),
+    _mooncake(
+        "--mooncake-buffer-bytes",
+        "Mooncake client transfer buffer.",
+        size(),
+        "SIZE",
+        "lots",
+        "16M",
+        doctor=True,
+    ),
     Flag(
         "--lmcache-url",
         "lmcache_server address lm://HOST:PORT; needed with --long-backend lmcache.",

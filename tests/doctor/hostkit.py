@@ -3,12 +3,16 @@
 A host fixture is ``tests/fixtures/hosts/<name>/``: ``tree/`` holds the host's files (read through
 ``--root``), ``commands.yaml`` lists the command lines the doctor may run there and what each
 prints. Commands not listed are "not installed": the runner's PATH is a directory of stubs for
-the listed ones only, and pytest-subprocess answers for them.
+the listed ones only, and pytest-subprocess answers for them. Git cannot hold socket files, so an
+optional ``sockets.yaml`` lists host paths where a socket file is created (bound, then closed) in
+a copy of the tree before the doctor runs on it.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -34,8 +38,32 @@ class FixtureHost:
     def copy(self, name: str) -> Path:
         """A writable copy of a fixture tree, for variants made inside one test."""
         dst = self.tmp / "trees" / name
+        n = 1
+        while dst.exists():
+            n += 1
+            dst = self.tmp / "trees" / f"{name}-{n}"
         shutil.copytree(FIXTURES / name / "tree", dst, symlinks=True)
         return dst
+
+    def with_sockets(self, name: str, tree: Path | None) -> Path | None:
+        """``tree`` (or a copy of the fixture's) with the sockets of ``sockets.yaml`` created in it."""
+        spec = FIXTURES / name / "sockets.yaml"
+        if not spec.exists():
+            return tree
+        root = tree or self.copy(name)
+        for host_path in yaml.safe_load(spec.read_text()) or []:
+            real = root / str(host_path).lstrip("/")
+            if real.is_socket():
+                continue
+            real.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(real.parent, os.O_RDONLY | os.O_DIRECTORY)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:  # through /proc/self/fd: a long tmp path would not fit in sun_path
+                s.bind(f"/proc/self/fd/{fd}/{real.name}")
+            finally:
+                s.close()
+                os.close(fd)
+        return root
 
     def context(
         self,
@@ -48,7 +76,7 @@ class FixtureHost:
         **options: Any,
     ) -> Context:
         src = FIXTURES / name
-        root = (tree or src / "tree").resolve()
+        root = (self.with_sockets(name, tree) or src / "tree").resolve()
         specs = (
             commands if commands is not None else yaml.safe_load((src / "commands.yaml").read_text()) or []
         )

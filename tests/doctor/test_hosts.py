@@ -13,6 +13,20 @@ AMD_SKIP = dict.fromkeys(
     ("amdgpu-loaded", "amdgpu-version", "ais-check", "dmesg-ais", "kfd-capability", "rocm", "gpu"), "skip"
 )
 NO_ENGINES = {"hash-settings": "skip", "chunk-tokens": "skip", "daemon": "skip", "pd-workers": "skip"}
+#: The memory, leftovers and isolation checks on the GPU fixture hosts, which hold no cgroup,
+#: meminfo or /dev/shm files (so those say unknown) and no kvd sockets.
+KVD_DEFAULTS = {
+    "cgroup-memory": "unknown",
+    "dev-shm": "unknown",
+    "memlock": "skip",
+    "hugepages": "unknown",
+    "disk-namespaces": "skip",
+    "isolation": "skip",
+    "leftovers": "ok",
+    "arena-sharing": "ok",
+    "cufile-config": "skip",
+}
+WITH_LONG_PATH = {**KVD_DEFAULTS, "disk-namespaces": "ok"}
 
 EXPECTED: dict[str, dict[str, str]] = {
     "mi300x-healthy": {
@@ -28,6 +42,7 @@ EXPECTED: dict[str, dict[str, str]] = {
         "storage": "ok",
         "nvidia-gds": "skip",
         **NO_ENGINES,
+        **WITH_LONG_PATH,
     },
     "mi300x-reboot-needed": {
         "container": "ok",
@@ -42,6 +57,7 @@ EXPECTED: dict[str, dict[str, str]] = {
         "storage": "ok",
         "nvidia-gds": "skip",
         **NO_ENGINES,
+        **WITH_LONG_PATH,
     },
     "mi300x-container": {
         "container": "warn",
@@ -56,6 +72,7 @@ EXPECTED: dict[str, dict[str, str]] = {
         "storage": "ok",
         "nvidia-gds": "skip",
         **NO_ENGINES,
+        **{**WITH_LONG_PATH, "dev-shm": "ok"},
     },
     "in-kernel-amdgpu": {
         "container": "ok",
@@ -70,6 +87,7 @@ EXPECTED: dict[str, dict[str, str]] = {
         "storage": "skip",
         "nvidia-gds": "skip",
         **NO_ENGINES,
+        **KVD_DEFAULTS,
     },
     "md-raid0": {
         "container": "ok",
@@ -84,6 +102,7 @@ EXPECTED: dict[str, dict[str, str]] = {
         "storage": "warn",
         "nvidia-gds": "skip",
         **NO_ENGINES,
+        **WITH_LONG_PATH,
     },
     "mi300x-sriov-vf": {
         "container": "ok",
@@ -98,6 +117,7 @@ EXPECTED: dict[str, dict[str, str]] = {
         "storage": "skip",
         "nvidia-gds": "skip",
         **NO_ENGINES,
+        **KVD_DEFAULTS,
     },
     "nvidia-h100": {
         "container": "ok",
@@ -106,6 +126,7 @@ EXPECTED: dict[str, dict[str, str]] = {
         "nvidia-gds": "ok",
         **AMD_SKIP,
         **NO_ENGINES,
+        **KVD_DEFAULTS,
     },
     "no-gpu": {
         "container": "warn",
@@ -114,6 +135,45 @@ EXPECTED: dict[str, dict[str, str]] = {
         "nvidia-gds": "skip",
         **AMD_SKIP,
         **NO_ENGINES,
+        **KVD_DEFAULTS,
+    },
+    "kvd-container-ok": {
+        "container": "warn",
+        "kernel-p2pdma": "skip",
+        "storage": "unknown",
+        "nvidia-gds": "skip",
+        **AMD_SKIP,
+        **NO_ENGINES,
+        **WITH_LONG_PATH,
+        "cgroup-memory": "ok",
+        "dev-shm": "ok",
+        "memlock": "ok",
+        "hugepages": "ok",
+    },
+    "kvd-container-bad": {
+        "container": "warn",
+        "kernel-p2pdma": "skip",
+        "storage": "unknown",
+        "nvidia-gds": "skip",
+        **AMD_SKIP,
+        **NO_ENGINES,
+        **KVD_DEFAULTS,
+        "cgroup-memory": "fail",
+        "dev-shm": "warn",
+        "memlock": "fail",
+        "hugepages": "fail",
+        "disk-namespaces": "warn",
+        "leftovers": "fail",
+        "arena-sharing": "warn",
+    },
+    "nvidia-no-nvfs": {
+        "container": "ok",
+        "kernel-p2pdma": "ok",
+        "storage": "skip",
+        "nvidia-gds": "warn",
+        **AMD_SKIP,
+        **NO_ENGINES,
+        **KVD_DEFAULTS,
     },
 }
 LONG_PATH = {
@@ -121,6 +181,8 @@ LONG_PATH = {
     "mi300x-reboot-needed": "/nvme/kvd-long",
     "mi300x-container": "/nvme/kvd-long",
     "md-raid0": "/nvme/kvd-long",
+    "kvd-container-ok": "/nvme/kvd-long",
+    "kvd-container-bad": "/nvme/kvd-long",
 }
 
 

@@ -133,6 +133,14 @@ def run_engine(
     return EngineRun(json.loads(lines[-1][len("RESULT ") :]), log)
 
 
+def server_env(**extra: str) -> dict[str, str]:
+    """The environment of an OpenAI server test: the engine's, dev mode, stats every second."""
+    env = engine_env(None, VLLM_SERVER_DEV_MODE="1", VLLM_LOG_STATS_INTERVAL="1", **extra)
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the server runs its engine core in its own process
+    env.pop("INFERA_KVD_SOCKET", None)  # --kvd-socket-path must be enough
+    return env
+
+
 class Server:
     """A running ``python -m infera.engine.vllm`` OpenAI server (see :func:`start_server`)."""
 
@@ -172,14 +180,14 @@ def start_server(
     *,
     kv_transfer_config: dict[str, Any] | None = None,
     extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
     timeout: float = 400,
 ) -> Iterator[Server]:
     """Run ``python -m infera.engine.vllm`` (served as ``tiny``, dev mode, stats every second) on
-    a free loopback port until the block ends; the daemon socket goes by ``--kvd-socket-path``."""
+    a free loopback port until the block ends; the daemon socket goes by ``--kvd-socket-path``.
+    ``env`` replaces the server's whole environment (default: :func:`server_env`)."""
     port = free_port()
-    env = engine_env(None, VLLM_SERVER_DEV_MODE="1", VLLM_LOG_STATS_INTERVAL="1")
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the server runs its engine core in its own process
-    env.pop("INFERA_KVD_SOCKET", None)  # --kvd-socket-path must be enough
+    env = env if env is not None else server_env()
     cmd = [
         sys.executable, "-m", "infera.engine.vllm",
         "--model", model, "--served-model-name", "tiny",

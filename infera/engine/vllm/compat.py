@@ -7,6 +7,7 @@ API-server process, where import time matters.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from infera.engine.vllm.keys import (
     make_namespace,
     resolve_chunk_tokens,
 )
+from infera.engine.vllm.weights import WeightsInfo, weights_info
 
 log = logging.getLogger("infera.engine.vllm")
 
@@ -74,11 +76,33 @@ def hash_block_size(vllm_config: Any, kv_cache_config: Any = None) -> int:
         return block_size
 
 
+def model_weights(vllm_config: Any) -> WeightsInfo:
+    """The fingerprint of the weights this engine loads (model dir or hub snapshot, revision).
+
+    Taken once per process: an engine computes with the weights it loaded at start, so its
+    namespace stays theirs even if the files change under it (the API server's prewarm route
+    then agrees with the engine core, as both took it at start)."""
+    mc = vllm_config.model_config
+    load_format = getattr(getattr(vllm_config, "load_config", None), "load_format", "auto")
+    return _weights_once(
+        str(mc.model),
+        getattr(mc, "revision", None),
+        str(getattr(mc, "model_weights", "") or "") or None,
+        str(getattr(load_format, "value", load_format) or "auto"),
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _weights_once(model: str, revision: str | None, remote: str | None, load_format: str) -> WeightsInfo:
+    return weights_info(model, revision=revision, model_weights=remote, load_format=load_format)
+
+
 def engine_facts(vllm_config: Any, kv_cache_config: Any = None) -> EngineFacts:
     """The facts that pin a chunk's bytes and keys, from a ``VllmConfig``.
 
-    Only the model, cache and parallel configs are read (not the KV cache config), so the
-    API-server process derives the same namespace as the engine core for the prewarm route.
+    Only the model, load, cache and parallel configs (and the weight files' stat) are read (not the
+    KV cache config), so the API-server process derives the same namespace as the engine core for
+    the prewarm route.
     """
     mc = vllm_config.model_config
     cc = vllm_config.cache_config
@@ -111,6 +135,8 @@ def engine_facts(vllm_config: Any, kv_cache_config: Any = None) -> EngineFacts:
         hash_seed=seed,
         vllm_version=vllm_version(),
         platform=_platform(),
+        weights=model_weights(vllm_config).fingerprint,
+        quantization=str(getattr(mc, "quantization", None) or ""),
     )
 
 

@@ -49,6 +49,10 @@ class EngineFacts:
     hash_seed: str
     vllm_version: str
     platform: str
+    #: fingerprint of the weight files (:mod:`infera.engine.vllm.weights`); "" where unknown (tests)
+    weights: str = ""
+    #: vLLM's weight quantization method ("" for none): it changes what the weights compute
+    quantization: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -67,6 +71,11 @@ class Namespace:
     hash_settings: dict[str, Any]
     hash_fingerprint: str
     description: dict[str, Any]
+
+    @property
+    def weights(self) -> str:
+        """The weights fingerprint this namespace covers ("" when none was taken)."""
+        return str(self.description.get("weights") or "")
 
 
 def _digest(obj: Any, size: int = 16) -> bytes:
@@ -100,8 +109,11 @@ def make_namespace(facts: EngineFacts, chunk_tokens: int) -> Namespace:
     description["hash_fingerprint"] = fingerprint
     digest = _digest(description)
     label = re.sub(r"[^A-Za-z0-9._-]+", "_", os.path.basename(facts.model.rstrip("/")) or "model")[:80]
+    # The weights fingerprint is in the digest; its first 8 digits are also in the name, so `kvd stat`,
+    # `kvd top` and the disk tier's `namespace` files show which weights a namespace belongs to.
+    weights = f"w:{facts.weights[:8]}/" if facts.weights else ""
     return Namespace(
-        name=f"vllm/{label}/{digest.hex()}",
+        name=f"vllm/{label}/{weights}{digest.hex()}",
         digest=digest,
         chunk_tokens=chunk_tokens,
         hash_settings=settings,

@@ -143,9 +143,10 @@ class InferaKvdConnector(KVConnectorBase_V1):
             if self._scheduler.enabled:
                 link.client()
             log.info(
-                "infera-kvd: connector ready (namespace %s, chunk %d tokens, daemon %s)",
+                "infera-kvd: connector ready (namespace %s, chunk %d tokens, weights %s, daemon %s)",
                 ns.name,
                 ns.chunk_tokens,
+                ns.weights or "?",
                 socket_path,
             )
         else:
