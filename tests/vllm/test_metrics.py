@@ -24,10 +24,8 @@ from engines import Server, prompt, run_engine, start_server, vllm_version
 from promserver import PromServer, binary
 
 from helpers import REPO, Daemon, free_port
-from infera.kvd.tiers import SUPPORTED
 
 pytestmark = [
-    pytest.mark.skipif("disk" not in SUPPORTED, reason="the disk long tier is not in this build"),
     pytest.mark.skipif(binary("prometheus") is None, reason="prometheus is not installed (setup.sh --all)"),
 ]
 
