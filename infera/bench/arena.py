@@ -19,7 +19,8 @@ import os
 import time
 from typing import Any
 
-from infera.bench.common import machine_line, median_us, rss_anon_bytes, temp_daemon
+from infera.bench.common import machine_line, median_us, temp_daemon
+from infera.bench.procfs import rss_anon_bytes
 from infera.units import format_size, parse_size
 
 

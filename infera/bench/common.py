@@ -11,7 +11,7 @@ from typing import Any
 
 from infera.kvd.process import temp_daemon
 
-__all__ = ["machine_line", "median_us", "rss_anon_bytes", "temp_daemon"]
+__all__ = ["machine_line", "median_us", "temp_daemon"]
 
 
 def median_us(fn: Callable[[], Any], n: int, warmup: int = 20) -> float:
@@ -23,15 +23,6 @@ def median_us(fn: Callable[[], Any], n: int, warmup: int = 20) -> float:
         fn()
         samples.append(time.perf_counter() - t)
     return statistics.median(samples) * 1e6
-
-
-def rss_anon_bytes(pid: int) -> int:
-    """Anonymous resident memory of a process (excludes the shared arena mapping)."""
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def machine_line() -> str:

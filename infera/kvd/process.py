@@ -19,16 +19,32 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from infera.errors import KvdError
 from infera.kvd.client import KvdClient, KvdClientError
 
 POLL_S = 0.02  # between two PING attempts while the daemon starts
 TAIL_CHARS = 4000  # of the log, in the error of a daemon that did not come up
+
+T = TypeVar("T")
+
+
+def wait_until(pred: Callable[[], T], timeout: float, what: str, poll_s: float = POLL_S) -> T:
+    """Call ``pred`` every ``poll_s`` seconds until it returns something true, and return that
+    (a daemon's stats once they say so, say); after ``timeout`` seconds a KvdError
+    ``timed out waiting for WHAT``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise KvdError(f"timed out waiting for {what}")
+        time.sleep(poll_s)
 
 
 class DaemonProcess:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import FakeDaemon, HealthProbe, hello_fds, raw, refused_start
+from hostile import FakeDaemon, HealthProbe, enough_rounds, hello_fds, raw, refused_start
 
 from helpers import Daemon
 from infera.errors import KvdError
@@ -33,27 +33,13 @@ from infera.kvd.client import (
     KvdUnavailable,
     KvdUntrusted,
 )
+from infera.kvd.process import wait_until
 from infera.kvd.protocol import default_socket_path
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second local user")
 F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 16)
 SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
-
-
-def wait_for(pred: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-def enough_rounds(probe: HealthProbe, rounds: int = 40) -> None:
-    wait_for(lambda: len(probe.latencies) >= rounds or probe.errors, 30, f"{rounds} healthy rounds")
 
 
 # -- item 1: nobody can resize the arena -----------------------------------------------------
@@ -88,9 +74,10 @@ def test_a_client_cannot_resize_the_arena_and_the_disk_tier_keeps_working(
         data = {b"long-%d" % i: os.urandom(256 << 10) for i in range(8)}
         for key, value in data.items():
             assert writer.put(key, value, retention="long")
-        wait_for(
+        wait_until(
             lambda: (s := writer.stats()["tiers"]["long"])["queued_writes"] == 0 and s["chunks"] >= 8,
-            what="8 chunks written through",
+            15,
+            "8 chunks written through",
         )
         assert {k: writer.get(k) for k in data} == data
         assert d.alive()
@@ -223,7 +210,7 @@ def test_the_client_refuses_a_fake_daemon_of_another_uid(
         with pytest.raises(KvdUntrusted, match=f"uid {NOBODY}") as info:
             KvdClient(path, namespace="root-secrets", timeout=5)
         assert TRUST_ENV in (info.value.hint or "")
-        wait_for(lambda: any(e["event"] == "closed" for e in fake.events), 10, "the fake to see the close")
+        wait_until(lambda: any(e["event"] == "closed" for e in fake.events), 10, "the fake to see the close")
         assert fake.bytes_received == 0 and fake.ops == []  # not even the HELLO
         monkeypatch.setenv(TRUST_ENV, "no-such-user-here")
         with pytest.raises(KvdClientError, match=f"{TRUST_ENV}: 'no-such-user-here'"):
@@ -237,7 +224,7 @@ def test_the_client_refuses_a_fake_daemon_of_another_uid(
         monkeypatch.delenv(TRUST_ENV)
         with KvdClient(path, timeout=5, trust_uids=[NOBODY]) as c:
             assert c.ping()
-        wait_for(lambda: "PUT" in fake.ops, 10, "the trusted PUT")
+        wait_until(lambda: "PUT" in fake.ops, 10, "the trusted PUT")
         assert fake.ops.count("HELLO") == 2
 
 
