@@ -3,12 +3,11 @@ condition took to come true."""
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from infera.bench.services import free_port
 from infera.kvd.process import DaemonProcess, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -18,11 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 # ``start_daemon`` and ``daemon`` hand out instances of it.
 Daemon = DaemonProcess
 
-
-def free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["REPO", "Daemon", "free_port", "seconds_until"]
 
 
 def seconds_until(pred: Callable[[], object], timeout: float, what: str, poll_s: float = 0.01) -> float:

@@ -47,6 +47,25 @@ def wait_until(pred: Callable[[], T], timeout: float, what: str, poll_s: float =
         time.sleep(poll_s)
 
 
+def stop_child(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> int:
+    """SIGTERM a child process, then SIGKILL after ``timeout`` seconds; reap it and return its exit
+    status (an exited one's status at once)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_child(proc)
+    return proc.returncode
+
+
+def kill_child(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a child process that still runs, and reap it."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 class DaemonProcess:
     """One ``python -m infera.kvd --socket SOCKET [--log-level LEVEL] ARGS...`` child process.
 
@@ -146,22 +165,12 @@ class DaemonProcess:
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout`` seconds; the exit status (``None``: never
         started). Stopping a stopped daemon only returns its status again."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return None if self.proc is None else stop_child(self.proc, timeout)
 
     def kill(self) -> None:
         """SIGKILL (a crash, as far as the daemon's state on disk goes) and reap it."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None:
+            kill_child(self.proc)
 
     def restart(self, timeout: float = 20.0, stop_timeout: float = 10.0) -> DaemonProcess:
         """:meth:`stop`, then :meth:`start` again on the same socket and arguments."""
