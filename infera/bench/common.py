@@ -7,11 +7,14 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infera.kvd.process import temp_daemon
 
-__all__ = ["machine_line", "median_us", "temp_daemon"]
+if TYPE_CHECKING:
+    from rich.table import Table
+
+__all__ = ["machine_line", "median_us", "ratio_table", "temp_daemon"]
 
 
 def median_us(fn: Callable[[], Any], n: int, warmup: int = 20) -> float:
@@ -23,6 +26,19 @@ def median_us(fn: Callable[[], Any], n: int, warmup: int = 20) -> float:
         fn()
         samples.append(time.perf_counter() - t)
     return statistics.median(samples) * 1e6
+
+
+def ratio_table(title: str, subject: str) -> Table:
+    """The result table of a benchmark that measures ``subject`` against a baseline: a row per
+    measure, with both figures and their ratio next to its target."""
+    from rich.table import Table
+
+    t = Table(title=title)
+    t.add_column("measure")
+    t.add_column(subject, justify="right")
+    t.add_column("baseline", justify="right")
+    t.add_column("ratio / target", justify="right")
+    return t
 
 
 def machine_line() -> str:

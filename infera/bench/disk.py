@@ -26,7 +26,7 @@ import tempfile
 import time
 from typing import Any
 
-from infera.bench.common import machine_line, temp_daemon
+from infera.bench.common import machine_line, ratio_table, temp_daemon
 from infera.errors import KvdError
 from infera.kvd.process import wait_until
 from infera.units import format_size, parse_size
@@ -160,23 +160,30 @@ def _tier_read(sock: str, keys: list[bytes], size: int, warm_arena: int) -> floa
     return dt
 
 
-def _generate(root: str, files: int) -> float:
+def plant_chunk_files(root: str, namespace: str, count: int, payload: bytes) -> list[bytes]:
+    """Write ``count`` chunk files of ``payload`` straight into a disk tier at ``root``, laid out and
+    framed as the daemon writes them (keys: 0, 1, ... as 16 big-endian bytes), with no daemon and
+    no fsync; returns the keys."""
     from infera.kvd import chunkfile as cf
 
-    payload = b"p" * 64
-    digest = cf.ns_digest(NS)
-    header = cf.make_header(NS, b"k", payload)
-    t = time.perf_counter()
+    digest = cf.ns_digest(namespace)
+    header = cf.make_header(namespace, b"k", payload)
     made: set[str] = set()
-    for i in range(files):
-        key = i.to_bytes(16, "big")
+    keys = [i.to_bytes(16, "big") for i in range(count)]
+    for key in keys:
         header.key = key
         path = os.path.join(root, cf.relpath(digest, key))
         d = os.path.dirname(path)
         if d not in made:
-            cf.ensure_dir(root, digest, key, NS)
+            cf.ensure_dir(root, digest, key, namespace)
             made.add(d)
         cf.write_file(path, header.pack(), payload, sync="none")
+    return keys
+
+
+def _generate(root: str, files: int) -> float:
+    t = time.perf_counter()
+    plant_chunk_files(root, NS, files, b"p" * 64)
     return time.perf_counter() - t
 
 
@@ -293,14 +300,9 @@ def run_disk_bench(
 
 def _print_table(res: dict[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     size = format_size(res["chunk_bytes"])
-    t = Table(title=f"kvd bench disk · {res['machine']} · {res['path']} · fsync={res['fsync']}")
-    t.add_column("measure")
-    t.add_column("disk tier", justify="right")
-    t.add_column("baseline", justify="right")
-    t.add_column("ratio / target", justify="right")
+    t = ratio_table(f"kvd bench disk · {res['machine']} · {res['path']} · fsync={res['fsync']}", "disk tier")
     t.add_row(
         f"write {res['chunks']} x {size} long chunks (GB/s)",
         f"{res['tier_write_gbps']:.2f}",
@@ -342,4 +344,4 @@ def _print_table(res: dict[str, Any]) -> None:
     Console().print(t)
 
 
-__all__ = ["run_disk_bench"]
+__all__ = ["plant_chunk_files", "run_disk_bench"]
