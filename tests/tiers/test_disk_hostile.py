@@ -27,7 +27,11 @@ def payloads(n: int = N, size: int = SIZE, prefix: str = "key") -> dict[bytes, b
     return {f"{prefix}-{i}".encode(): os.urandom(size) for i in range(n)}
 
 
-def wait_all_failed(c, n: int = N):  # type: ignore[no-untyped-def]
+def put_onto_full_disk(c, data: dict[bytes, bytes], n: int = N):  # type: ignore[no-untyped-def]
+    """Put ``data`` as long chunks and wait until no write is queued and ``n`` have failed; returns
+    the long tier's stats then."""
+    for k, v in data.items():
+        assert c.put(k, v)
     return wait_until(
         lambda: (s := long_stats(c))["queued_writes"] == 0 and s["failed_writes"] >= n and s,
         15,
@@ -55,9 +59,7 @@ def test_failed_writes_are_retried_once_space_is_back(
         d = disk_daemon(start_daemon, Path(mnt), "64M", "64M")
         data = payloads()
         with HealthProbe(d.socket) as probe, d.client(namespace=NS) as c:
-            for k, v in data.items():
-                assert c.put(k, v)
-            s = wait_all_failed(c)
+            s = put_onto_full_disk(c, data)
             assert s["files_written"] == 0 and s["unpersisted"] == N and s["state"] == "degraded"
             wait_until(lambda: long_stats(c)["write_retries"] >= 1, 15, "a retry while the disk is full")
             assert long_stats(c)["recovered_writes"] == 0
@@ -86,9 +88,7 @@ def test_clean_stop_writes_chunks_whose_writes_failed(
         d = disk_daemon(start_daemon, Path(mnt), "64M", "64M", env={"INFERA_KVD_DISK_RETRY_S": "60"})
         data = payloads()
         with HealthProbe(d.socket) as probe, d.client(namespace=NS) as c:
-            for k, v in data.items():
-                assert c.put(k, v)
-            s = wait_all_failed(c)
+            s = put_onto_full_disk(c, data)
             assert s["unpersisted"] == N and s["write_retries"] == 0
             os.unlink(filler)
             enough_rounds(probe)
@@ -110,9 +110,7 @@ def test_clean_stop_on_a_full_disk_counts_and_says_what_is_lost(
         # a 1 MiB arena cannot hold 100 chunks of 16 KiB: the oldest unwritten ones are evicted
         d = disk_daemon(start_daemon, Path(mnt), "1M", "64M", env={"INFERA_KVD_DISK_RETRY_S": "60"})
         with HealthProbe(d.socket, size=4 << 10) as probe, d.client(namespace=NS) as c:
-            for k, v in payloads(size=16 << 10).items():
-                assert c.put(k, v)
-            s = wait_all_failed(c, n=1)
+            s = put_onto_full_disk(c, payloads(size=16 << 10), n=1)
             s = wait_until(lambda: (s := long_stats(c))["queued_writes"] == 0 and s, 15, "writes done")
             top = c.stats()
             evicted = top["long_unpersisted_evicted_total"]

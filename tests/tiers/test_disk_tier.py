@@ -58,14 +58,20 @@ def put_chunks(c: KvdClient, n: int, size: int, retention: str = "long") -> dict
     return data
 
 
+def on_disk(d: Daemon, n: int, size: int) -> dict[bytes, bytes]:
+    """Put ``n`` long chunks of ``size`` random bytes and wait until their files are written."""
+    with d.client(namespace=NS) as c:
+        data = put_chunks(c, n, size)
+        wait_written(c, n)
+    return data
+
+
 def test_kill_9_and_restart_returns_identical_bytes(
     start_daemon: Callable[..., Daemon], short_tmp: Path
 ) -> None:
     root = short_tmp / "long"
     d = disk_daemon(start_daemon, root)
-    with d.client(namespace=NS) as c:
-        data = put_chunks(c, 12, 256 << 10)
-        wait_written(c, 12)
+    data = on_disk(d, 12, 256 << 10)
     d.kill()
     d.start()
     with d.client(namespace=NS) as c:
@@ -131,9 +137,7 @@ def test_flipped_byte_is_a_counted_miss_and_quarantined(
 ) -> None:
     root = short_tmp / "long"
     d = disk_daemon(start_daemon, root)
-    with d.client(namespace=NS) as c:
-        data = put_chunks(c, 3, 64 << 10)
-        wait_written(c, 3)
+    data = on_disk(d, 3, 64 << 10)
     d.stop()
     victim = Path(cf.chunk_path(str(root), NS, b"key-1"))
     raw = bytearray(victim.read_bytes())
@@ -256,9 +260,7 @@ def test_loading_state_and_lookup_while_loading(start_daemon: Callable[..., Daem
 def test_prewarm_pulls_chunks_into_ram(start_daemon: Callable[..., Daemon], short_tmp: Path) -> None:
     root = short_tmp / "long"
     d = disk_daemon(start_daemon, root)
-    with d.client(namespace=NS) as c:
-        data = put_chunks(c, 5, 100 << 10)
-        wait_written(c, 5)
+    data = on_disk(d, 5, 100 << 10)
     d.kill()
     d.start()
     with d.client(namespace=NS) as c:
