@@ -105,12 +105,18 @@ def test_a_short_arena_is_the_clients_own_error(short_tmp: Path) -> None:
 
 
 # -- item 3: the socket path and the listener are vetted -------------------------------------
-def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(short_tmp: Path) -> None:
+def start_over_a_planted_lock(short_tmp: Path, plant: Callable[[Path, str], None]) -> tuple[str, Path, Path]:
+    """A daemon start after ``plant(victim, SOCKET.lock)`` linked the lock file's name to a file
+    someone wants kept (``precious``): the refusal's stderr, the victim and the socket."""
     victim = short_tmp / "victim.txt"
     victim.write_text("precious\n")
     sock = short_tmp / "kvd.sock"
-    os.symlink(victim, str(sock) + ".lock")
-    err = refused_start(["--socket", str(sock), "--max-bytes", "8M"])
+    plant(victim, str(sock) + ".lock")
+    return refused_start(["--socket", str(sock), "--max-bytes", "8M"]), victim, sock
+
+
+def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(short_tmp: Path) -> None:
+    err, victim, sock = start_over_a_planted_lock(short_tmp, os.symlink)
     assert "symbolic link" in err
     assert victim.read_text() == "precious\n"
     assert os.path.islink(str(sock) + ".lock") and not sock.exists()
@@ -118,11 +124,7 @@ def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(short_tmp: Pa
 
 @needs_root
 def test_a_hard_linked_lock_file_is_refused(short_tmp: Path) -> None:
-    victim = short_tmp / "victim.txt"
-    victim.write_text("precious\n")
-    sock = short_tmp / "kvd.sock"
-    os.link(victim, str(sock) + ".lock")
-    err = refused_start(["--socket", str(sock), "--max-bytes", "8M"])
+    err, victim, _sock = start_over_a_planted_lock(short_tmp, os.link)
     assert "hard links" in err and victim.read_text() == "precious\n"
 
 
