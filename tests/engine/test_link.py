@@ -9,22 +9,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from test_keys import facts
 
 from helpers import Daemon, seconds_until
-from infera.engine.vllm.keys import EngineFacts, chunk_key, make_namespace
+from infera.engine.vllm.keys import chunk_key, make_namespace
 from infera.engine.vllm.link import DaemonLink
 from infera.kvd.client import KvdUnavailable
 from infera.kvd.process import wait_until
 
-NS = make_namespace(
-    EngineFacts(
-        model="/m/tiny", model_type="llama", num_layers=2, total_kv_heads=2, kv_heads_per_rank=2, head_size=32,
-        use_mla=False, dtype="bfloat16", kv_cache_dtype="auto", block_size=128, hash_block_size=128,
-        bytes_per_token=512, tp_size=1, pp_size=1, hash_algo="sha256", hash_seed="fixed", vllm_version="0.32",
-        platform="cpu",
-    ),
-    256,
-)  # fmt: skip
+NS = make_namespace(facts(model="/m/tiny"), 256)  # the tiny Llama of test_keys
 
 
 def make_link(sock: str, **kw: object) -> DaemonLink:
