@@ -5,6 +5,10 @@ output in a log file, poll PING on its socket until it answers (an early exit or
 :class:`~infera.errors.KvdError` carrying the end of the log), and stop it with SIGTERM, then
 SIGKILL after a timeout. :func:`temp_daemon` runs one on a throwaway socket for a ``with`` block.
 
+:func:`wait_until` polls for anything else a caller waits on (the benchmarks and the tests wait on
+a daemon's stats with it); :func:`stop_child` and :func:`kill_child` stop any child process the
+way :class:`DaemonProcess` stops its daemon (the services of :mod:`infera.bench.services` too).
+
 A client-side tool: it talks to the daemon only through :class:`~infera.kvd.client.KvdClient` and
 never imports the daemon's own modules.
 """
@@ -34,9 +38,9 @@ T = TypeVar("T")
 
 
 def wait_until(pred: Callable[[], T], timeout: float, what: str, poll_s: float = POLL_S) -> T:
-    """Call ``pred`` every ``poll_s`` seconds until it returns something true, and return that
-    (a daemon's stats once they say so, say); after ``timeout`` seconds a KvdError
-    ``timed out waiting for WHAT``."""
+    """Call ``pred`` every ``poll_s`` seconds until it returns something true (say, a daemon's
+    stats once they show what a caller waits for), and return that; after ``timeout`` seconds a
+    KvdError ``timed out waiting for WHAT``."""
     deadline = time.monotonic() + timeout
     while True:
         value = pred()
