@@ -207,11 +207,11 @@ def probe(api: Any, root: Path, torch: Any, dev: Any) -> dict[str, Any]:
 def worker_round_trip(root: Path, dev: Any, fake: bool) -> dict[str, Any]:
     import torch
 
+    from infera.bench.transfer import solo_worker
     from infera.engine.vllm.config import ConnectorEnv
     from infera.engine.vllm.keys import EngineFacts, make_namespace
     from infera.engine.vllm.link import DaemonLink
     from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
-    from infera.engine.vllm.worker.half import WorkerHalf
     from infera.kvd.process import DaemonProcess
 
     L, H, N, D, B = 8, 8, 16, 128, 256
@@ -230,17 +230,7 @@ def worker_round_trip(root: Path, dev: Any, fake: bool) -> dict[str, Any]:
     ).start()
     env = ConnectorEnv(socket=d.socket, ais="1", hipfile_roots={"long": str(root)})
     link = DaemonLink(d.socket, ns, role="vllm-worker-0", name="gd-check", model="/bench/gd", want_arena=True)
-    w = WorkerHalf(
-        ns,
-        env,
-        rank=0,
-        replicated=False,
-        link=link,
-        blockers=[],
-        num_blocks=B,
-        block_size=N,
-        gpu_path_on_cpu=fake,
-    )
+    w = solo_worker(ns, env, link, B, N, gpu_path_on_cpu=fake)
     kv = {
         f"model.layers.{i}.attn": torch.randn(B, N, H, 2 * D, device=dev)
         .to(torch.bfloat16)

@@ -139,19 +139,32 @@ class _Reader:
         else:
             proc.args_start = next((i for i, a in enumerate(raw) if a.startswith("-")), len(raw))
 
+    def command(self, proc: Daemon | Leg, data: dict[str, Any], what: str, default: list[str]) -> list[str]:
+        """Set ``proc``'s command: the spec's ``argv``, else ``default`` (located at ``proc``);
+        returned, for the caller to append to."""
+        if data.get("argv"):
+            self.argv(proc, self.strlist(data["argv"], f"{what}.argv", data, "argv"), data["argv"])
+        else:
+            proc.argv = default
+            proc.args_start = len(default)
+            proc.argv_locs = [proc.loc] * len(default)
+        assert proc.argv is not None
+        return proc.argv
+
+    def extras(self, proc: Daemon | Leg, data: dict[str, Any], what: str) -> None:
+        """The spec's ``args`` (appended to ``proc``'s command) and ``env``."""
+        assert proc.argv is not None
+        for extra in self.strlist(data.get("args") or [], f"{what}.args", data, "args"):
+            proc.argv.append(extra)
+            proc.argv_locs.append(self.loc(data, "args"))
+        self.env(proc, data.get("env"), data)
+
     def daemon(self, raw: Any, top: Any, python: str) -> Daemon:
         d = Daemon(name="kvd")
         data = self.mapping(raw, "daemon", top, "daemon")
         d.name = str(data.get("name") or "kvd")
         d.loc = self.loc(top, "daemon")
-        if data.get("argv"):
-            self.argv(d, self.strlist(data["argv"], "daemon.argv", data, "argv"), data["argv"])
-        else:
-            d.argv = [python, *DAEMON_MODULE]
-            d.args_start = len(d.argv)
-            d.argv_locs = [d.loc] * len(d.argv)
-        argv = d.argv
-        assert argv is not None
+        argv = self.command(d, data, "daemon", [python, *DAEMON_MODULE])
         for key, flag in DAEMON_FIELDS.items():
             val = data.get(key)
             if val is None:
@@ -164,10 +177,7 @@ class _Reader:
                 raise SpecError(
                     f"daemon.{key} is {val!r} but daemon.argv has {flag} {have!r}", self.loc(data, key)
                 )
-        for extra in self.strlist(data.get("args") or [], "daemon.args", data, "args"):
-            argv.append(extra)
-            d.argv_locs.append(self.loc(data, "args"))
-        self.env(d, data.get("env"), data)
+        self.extras(d, data, "daemon")
         return d
 
     def leg(self, raw: Any, legs: Any, i: int, python: str) -> Leg:
@@ -181,18 +191,8 @@ class _Reader:
                     f"legs[{i}].role {role!r} is not one of {', '.join(ROLES)}", self.loc(data, "role")
                 )
             leg.declared_role = str(role)
-        if data.get("argv"):
-            self.argv(leg, self.strlist(data["argv"], f"legs[{i}].argv", data, "argv"), data["argv"])
-        else:
-            leg.argv = [python, *ENGINE_MODULE]
-            leg.args_start = len(leg.argv)
-            leg.argv_locs = [leg.loc] * len(leg.argv)
-        argv = leg.argv
-        assert argv is not None
-        for extra in self.strlist(data.get("args") or [], f"legs[{i}].args", data, "args"):
-            argv.append(extra)
-            leg.argv_locs.append(self.loc(data, "args"))
-        self.env(leg, data.get("env"), data)
+        argv = self.command(leg, data, f"legs[{i}]", [python, *ENGINE_MODULE])
+        self.extras(leg, data, f"legs[{i}]")
         cfg = data.get("kv_transfer_config")
         if cfg is not None:
             if not leg.has_flag(KTC_FLAG):

@@ -1,12 +1,20 @@
-"""Shared test helpers: the daemon harness under its tests' name, a free TCP port."""
+"""Shared test helpers: the daemon harness under its tests' name, a free TCP port, how long a
+condition took to come true, and a full-screen program (``kvd top``) in a pseudo-terminal."""
 
 from __future__ import annotations
 
 import contextlib
-import socket
+import os
+import pty
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from infera.kvd.process import DaemonProcess
+from infera.bench.services import free_port
+from infera.kvd.process import DaemonProcess, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -15,8 +23,74 @@ REPO = Path(__file__).resolve().parent.parent
 # ``start_daemon`` and ``daemon`` hand out instances of it.
 Daemon = DaemonProcess
 
+__all__ = ["REPO", "Daemon", "free_port", "in_pty", "pty_quit", "pty_read_until", "seconds_until"]
 
-def free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+
+def seconds_until(pred: Callable[[], object], timeout: float, what: str, poll_s: float = 0.01) -> float:
+    """Seconds until ``pred()`` held (:func:`infera.kvd.process.wait_until`: a KvdError after
+    ``timeout``)."""
+    started = time.monotonic()
+    wait_until(pred, timeout, what, poll_s)
+    return time.monotonic() - started
+
+
+@contextlib.contextmanager
+def in_pty(
+    argv: Sequence[str],
+    env: dict[str, str],
+    new_session: bool = False,
+    cwd: str | os.PathLike[str] | None = None,
+) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """Run ``argv`` with a pseudo-terminal as its stdin, stdout and stderr; yields (the terminal's
+    other end, the process). A process still running at the end is killed (with ``new_session``
+    its whole process group: a shell and what it started)."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdin=follower, stdout=follower, stderr=follower, close_fds=True,
+        start_new_session=new_session,
+    )  # fmt: skip
+    os.close(follower)
+    try:
+        yield leader, proc
+    finally:
+        if proc.poll() is None:
+            if new_session:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+            proc.wait()
+        os.close(leader)
+
+
+def pty_read_until(fd: int, needle: bytes, timeout: float) -> bytes:
+    """What a program wrote to the pseudo-terminal ``fd`` up to the first ``needle``; fails with the
+    end of its output when ``needle`` does not appear within ``timeout`` seconds (or it exits)."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+            if needle in seen:
+                return seen
+    raise AssertionError(f"{needle!r} never appeared; last output: {seen[-600:]!r}")
+
+
+def pty_quit(fd: int, proc: subprocess.Popen[bytes] | subprocess.Popen[str], timeout: float) -> int:
+    """Press ``q`` in the pseudo-terminal ``fd`` and keep draining it (or the program's writes block)
+    until ``proc`` exits, for at most ``timeout`` seconds; its exit status (waiting 5 s more)."""
+    os.write(fd, b"q")
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        if select.select([fd], [], [], 0.1)[0]:
+            try:
+                os.read(fd, 65536)
+            except OSError:
+                break
+    return proc.wait(timeout=5)

@@ -18,9 +18,13 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infera.kvd import protocol as P
+from infera.kvd.process import wait_until
+
+if TYPE_CHECKING:
+    from infera.kvd.client import KvdClient
 
 P99_DEADLINE_S = 0.100  # a healthy client's put+get p99 while another client misbehaves
 MAX_STALL_S = 0.5  # the longest any single healthy round may take
@@ -47,36 +51,7 @@ def hello(s: socket.socket, rid: int = 1, **fields: Any) -> dict[str, Any]:
 
 def read_reply(s: socket.socket) -> dict[str, Any]:
     """Read one reply frame from a raw socket; descriptors that came with it are closed."""
-    head = b""
-    fds: list[int] = []
-    while len(head) < 4:
-        data, got, _flags, _addr = socket.recv_fds(s, 4 - len(head), 8)
-        fds += got
-        if not data:
-            raise ConnectionError("daemon closed the connection")
-        head += data
-    (n,) = P.HEADER.unpack(head)
-    body = b""
-    while len(body) < n:
-        data = s.recv(n - len(body))
-        if not data:
-            raise ConnectionError("daemon closed the connection mid-frame")
-        body += data
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    out = P.decode_body(body)
-    assert isinstance(out, dict)
-    return out
-
-
-def daemon_rss(pid: int) -> int:
-    """Resident set size of a process in bytes (from /proc)."""
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return read_reply_fds(s)[0]
 
 
 class HealthProbe:
@@ -108,14 +83,21 @@ class HealthProbe:
         if self._thread is not None:
             self._thread.join(30)
 
-    def _run(self) -> None:
+    def _connect(self, name: str) -> KvdClient | None:
+        """The probe's client; ``None`` (the error recorded and ``__enter__`` released) when the
+        daemon cannot be reached."""
         from infera.kvd.client import KvdClient
 
         try:
-            client = KvdClient(self.socket_path, namespace=self.namespace, name="health-probe", timeout=10)
+            return KvdClient(self.socket_path, namespace=self.namespace, name=name, timeout=10)
         except Exception as exc:  # reported by __enter__ / assert_healthy
             self.errors.append(f"connect: {exc}")
             self._ready.set()
+            return None
+
+    def _run(self) -> None:
+        client = self._connect("health-probe")
+        if client is None:
             return
         self._ready.set()
         i = 0
@@ -441,7 +423,7 @@ def tree_snapshot(root: str | os.PathLike[str]) -> dict[str, tuple[str, bytes]]:
     return out
 
 
-# --- h16-store: a probe for a full arena, and the daemon's thread count ------------------------
+# --- h16-store: a probe for a full arena ------------------------------------------------------
 
 
 class HoldingProbe(HealthProbe):
@@ -463,15 +445,10 @@ class HoldingProbe(HealthProbe):
         self.hold_ms = hold_ms
 
     def _run(self) -> None:
-        from infera.kvd.client import KvdClient
-
         keys = [f"held-{i}".encode() for i in range(self.nkeys)]
         payloads = [(i.to_bytes(8, "little") * (self.size // 8 + 1))[: self.size] for i in range(len(keys))]
-        try:
-            client = KvdClient(self.socket_path, namespace=self.namespace, name="holding-probe", timeout=10)
-        except Exception as exc:  # reported by __enter__ / assert_healthy
-            self.errors.append(f"connect: {exc}")
-            self._ready.set()
+        client = self._connect("holding-probe")
+        if client is None:
             return
         try:
             client.put_many(list(zip(keys, payloads, strict=True)), retention="short", overwrite=True)
@@ -500,41 +477,13 @@ class HoldingProbe(HealthProbe):
                 time.sleep(0.002)
 
 
-def daemon_threads(pid: int) -> int:
-    """Number of threads of a process (from /proc)."""
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    return 0
-
-
-# -- loop hardening (h16-loop): process meters, bulk frame I/O, descriptor-carrying replies ----
-
-
-def daemon_peak_rss(pid: int) -> int:
-    """Peak resident set size of a process in bytes (VmHWM): catches a transient spike too."""
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def daemon_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far."""
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def open_fds(pid: int) -> int:
-    """How many descriptors a process has open."""
-    return len(os.listdir(f"/proc/{pid}/fd"))
+# -- loop hardening (h16-loop): bulk frame I/O, descriptor-carrying replies (process meters:
+# infera.bench.procfs) -----------------------------------------------------------------------
 
 
 def read_reply_fds(s: socket.socket) -> tuple[dict[str, Any], int]:
-    """Like :func:`read_reply`, also saying how many descriptors came with the reply."""
+    """Read one reply frame from a raw socket; return it and how many descriptors came with it
+    (they are closed)."""
     head = b""
     fds: list[int] = []
     while len(head) < 4:
@@ -592,6 +541,12 @@ def pipeline(s: socket.socket, data: bytes, stall_s: float = 1.0) -> int:
     except OSError:  # the daemon hung up on us
         pass
     return sent
+
+
+def enough_rounds(probe: HealthProbe, rounds: int = 40, timeout: float = 30.0) -> None:
+    """Let the healthy client run long enough for its p99 to mean something: ``rounds`` rounds
+    (or an error of its own); a KvdError after ``timeout`` seconds."""
+    wait_until(lambda: len(probe.latencies) >= rounds or probe.errors, timeout, f"{rounds} healthy rounds")
 
 
 def wait_rounds(probe: HealthProbe, rounds: int = 50, timeout: float = 10.0) -> None:

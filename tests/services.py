@@ -11,27 +11,22 @@ Use the fixtures from a ``conftest.py``: ``from services import *  # noqa: F403`
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import pytest
 
+from infera.bench import services as bench_services
+from infera.bench.services import *  # noqa: F403  (re-exported: the tests name the services from here)
 from infera.bench.services import (
-    REPO,
     Etcd,
     LMCacheServer,
     MooncakeMaster,
     MooncakeStorageNode,
     Redis,
     Service,
-    find_program,
-    free_port,
-    require,
     set_missing_handler,
-    tcp_open,
 )
 
 
@@ -43,10 +38,12 @@ set_missing_handler(_skip)
 
 
 @pytest.fixture
-def service_dir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="kvd-svc-", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+def service_dir(short_tmp: Path) -> Path:
+    """Where the services of a test keep their logs and data: a folder of its short temporary
+    directory (:func:`conftest.short_tmp`)."""
+    d = short_tmp / "services"
+    d.mkdir()
+    return d
 
 
 @pytest.fixture
@@ -63,11 +60,25 @@ def services(service_dir: Path) -> Iterator[Callable[[Service], Service]]:
         svc.stop()
 
 
-@pytest.fixture
-def mooncake_master(services: Callable[[Service], Service], service_dir: Path) -> MooncakeMaster:
-    svc = services(MooncakeMaster(service_dir))
-    assert isinstance(svc, MooncakeMaster)
-    return svc
+S = TypeVar("S", bound=Service)
+
+
+def _started(kind: type[S], name: str) -> Any:
+    """The fixture ``name``: a started ``kind(service_dir)``, stopped at teardown."""
+
+    def fixture(services: Callable[[Service], Service], service_dir: Path) -> S:
+        svc = services(kind(service_dir))
+        assert isinstance(svc, kind)
+        return svc
+
+    fixture.__doc__ = f"A running {kind.__name__} (``{kind.__module__}``), stopped at teardown."
+    return pytest.fixture(name=name)(fixture)
+
+
+mooncake_master = _started(MooncakeMaster, "mooncake_master")
+lmcache_server = _started(LMCacheServer, "lmcache_server")
+etcd = _started(Etcd, "etcd")
+redis = _started(Redis, "redis")
 
 
 @pytest.fixture
@@ -79,44 +90,14 @@ def mooncake_node(
     return svc
 
 
-@pytest.fixture
-def lmcache_server(services: Callable[[Service], Service], service_dir: Path) -> LMCacheServer:
-    svc = services(LMCacheServer(service_dir))
-    assert isinstance(svc, LMCacheServer)
-    return svc
-
-
-@pytest.fixture
-def etcd(services: Callable[[Service], Service], service_dir: Path) -> Etcd:
-    svc = services(Etcd(service_dir))
-    assert isinstance(svc, Etcd)
-    return svc
-
-
-@pytest.fixture
-def redis(services: Callable[[Service], Service], service_dir: Path) -> Redis:
-    svc = services(Redis(service_dir))
-    assert isinstance(svc, Redis)
-    return svc
-
-
+# the services' names as infera.bench.services exports them, and the fixtures
 __all__ = [
-    "REPO",
-    "Etcd",
-    "LMCacheServer",
-    "MooncakeMaster",
-    "MooncakeStorageNode",
-    "Redis",
-    "Service",
+    *(name for name in bench_services.__all__ if name not in ("ServiceMissing", "set_missing_handler")),
     "etcd",
-    "find_program",
-    "free_port",
     "lmcache_server",
     "mooncake_master",
     "mooncake_node",
     "redis",
-    "require",
     "service_dir",
     "services",
-    "tcp_open",
 ]

@@ -17,6 +17,27 @@ DS = {"type": "prometheus", "uid": "${datasource}"}
 K = 'instance=~"$instance"'  # the daemon's series
 V = 'model_name=~"$model_name"'  # the engine's series
 
+
+def over(fn: str, metric: str, sel: str = K) -> str:
+    """``fn(metric{sel}[$__rate_interval])``: a counter's ``rate`` or ``increase`` over the panel's interval."""
+    return f"{fn}({metric}{{{sel}}}[$__rate_interval])"
+
+
+def rate(metric: str, sel: str = K) -> str:
+    return over("rate", metric, sel)
+
+
+def increase(metric: str, sel: str = K) -> str:
+    return over("increase", metric, sel)
+
+
+def quantile(q: float, histogram: str) -> str:
+    """Quantile ``q`` of an engine histogram over all its series."""
+    return f"histogram_quantile({q}, sum by (le) ({rate(histogram + '_bucket', V)}))"
+
+
+RED_FROM_1 = [("green", None), ("red", 1)]  # a count that should stay 0
+
 ROWS: list[tuple[str, list[dict[str, Any]]]] = [
     (
         "Daemon",
@@ -25,42 +46,38 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
             {"title": "Uptime", "type": "stat", "w": 3, "unit": "s", "targets": [(f"kvd_uptime_seconds{{{K}}}", "{{instance}}")]},
             {"title": "Clients", "type": "stat", "w": 3, "targets": [(f"kvd_clients_connected{{{K}}}", "{{instance}}")]},
             {"title": "Hash conflicts", "type": "stat", "w": 3, "targets": [(f"kvd_hash_conflicts{{{K}}}", "{{instance}}")],
-             "thresholds": [("green", None), ("red", 1)]},
+             "thresholds": RED_FROM_1},
             {"title": "Lookup hit ratio", "unit": "percentunit", "w": 6, "targets": [
-                (f"sum by (instance) (rate(kvd_lookup_hit_keys_total{{{K}}}[$__rate_interval])) / sum by (instance) (rate(kvd_lookup_keys_total{{{K}}}[$__rate_interval]))", "{{instance}}")]},
+                (f"sum by (instance) ({rate('kvd_lookup_hit_keys_total')}) / sum by (instance) ({rate('kvd_lookup_keys_total')})", "{{instance}}")]},
             {"title": "GET hits and misses", "unit": "ops", "w": 6, "targets": [
-                (f"rate(kvd_hits_total{{{K}}}[$__rate_interval])", "hits {{instance}}"),
-                (f"rate(kvd_misses_total{{{K}}}[$__rate_interval])", "misses {{instance}}")]},
+                (rate("kvd_hits_total"), "hits {{instance}}"), (rate("kvd_misses_total"), "misses {{instance}}")]},
             {"title": "Arena", "unit": "bytes", "w": 8, "targets": [
                 (f"kvd_arena_used_bytes{{{K}}}", "used {{instance}}"),
                 (f"kvd_arena_capacity_bytes{{{K}}}", "capacity {{instance}}")]},
             {"title": "Chunks in RAM by retention", "w": 8, "targets": [(f"kvd_chunks_by_class{{{K}}}", "{{retention}}")]},
             {"title": "Stored and served bytes", "unit": "Bps", "w": 8, "targets": [
-                (f"rate(kvd_put_bytes_total{{{K}}}[$__rate_interval])", "put {{instance}}"),
-                (f"rate(kvd_get_bytes_total{{{K}}}[$__rate_interval])", "get {{instance}}")]},
+                (rate("kvd_put_bytes_total"), "put {{instance}}"), (rate("kvd_get_bytes_total"), "get {{instance}}")]},
         ],
     ),
     (
         "Tiers",
         [
-            {"title": "Hits by tier", "unit": "ops", "w": 8, "targets": [
-                (f"rate(kvd_tier_hits_total{{{K}}}[$__rate_interval])", "{{tier}}")]},
+            {"title": "Hits by tier", "unit": "ops", "w": 8, "targets": [(rate("kvd_tier_hits_total"), "{{tier}}")]},
             {"title": "Tier fill", "unit": "percentunit", "w": 8, "targets": [
                 (f"kvd_tier_used_bytes{{{K}}} / (kvd_tier_capacity_bytes{{{K}}} > 0)", "{{tier}}")]},
             {"title": "Tier read and write", "unit": "Bps", "w": 8, "targets": [
-                (f"rate(kvd_tier_read_bytes_total{{{K}}}[$__rate_interval])", "read {{tier}}"),
-                (f"rate(kvd_tier_written_bytes_total{{{K}}}[$__rate_interval])", "written {{tier}}")]},
+                (rate("kvd_tier_read_bytes_total"), "read {{tier}}"),
+                (rate("kvd_tier_written_bytes_total"), "written {{tier}}")]},
             {"title": "Long tier queue", "w": 8, "targets": [
                 (f'kvd_tier_queued_writes{{tier="long",{K}}}', "queued"),
                 (f'kvd_tier_backlog{{tier="long",{K}}}', "backlog"),
                 (f'kvd_tier_unpersisted_chunks{{tier="long",{K}}}', "unpersisted")]},
             {"title": "Long tier errors and drops", "w": 8, "targets": [
-                (f"increase(kvd_tier_failed_writes_total{{{K}}}[$__rate_interval])", "failed writes"),
-                (f"increase(kvd_tier_failed_reads_total{{{K}}}[$__rate_interval])", "failed reads"),
-                (f"increase(kvd_tier_dropped_writes_total{{{K}}}[$__rate_interval])", "dropped writes")]},
-            {"title": "Checksum failures", "w": 8, "targets": [
-                (f"increase(kvd_corrupt_chunks_total{{{K}}}[$__rate_interval])", "{{instance}}")],
-             "thresholds": [("green", None), ("red", 1)]},
+                (increase("kvd_tier_failed_writes_total"), "failed writes"),
+                (increase("kvd_tier_failed_reads_total"), "failed reads"),
+                (increase("kvd_tier_dropped_writes_total"), "dropped writes")]},
+            {"title": "Checksum failures", "w": 8, "targets": [(increase("kvd_corrupt_chunks_total"), "{{instance}}")],
+             "thresholds": RED_FROM_1},
         ],
     ),
     (
@@ -69,7 +86,7 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
             {"title": "Clients by data path", "w": 8, "targets": [(f"sum by (data_path) (kvd_clients{{{K}}})", "{{data_path}}")]},
             {"title": "Clients on a fallback path", "w": 8, "targets": [
                 (f"sum by (name, role, data_path) (kvd_clients_fallback{{{K}}})", "{{name}} {{role}} {{data_path}}")],
-             "thresholds": [("green", None), ("red", 1)]},
+             "thresholds": RED_FROM_1},
             {"title": "Engine data path", "w": 8, "targets": [
                 (f"vllm:kvd_data_path_info{{{V}}} == 1", "{{model_name}} {{data_path}}"),
                 (f"vllm:kvd_data_path_fallback{{{V}}}", "{{model_name}} fallback")]},
@@ -79,36 +96,34 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
         "Connector (vLLM's endpoint)",
         [
             {"title": "kvd hit tokens by tier", "unit": "short", "w": 8, "targets": [
-                (f"sum by (tier) (rate(vllm:kvd_hit_tokens_total{{{V}}}[$__rate_interval]))", "{{tier}}")]},
+                (f"sum by (tier) ({rate('vllm:kvd_hit_tokens_total', V)})", "{{tier}}")]},
             {"title": "Chunks loaded and saved", "unit": "ops", "w": 8, "targets": [
-                (f"sum(rate(vllm:kvd_loaded_chunks_total{{{V}}}[$__rate_interval]))", "loaded"),
-                (f"sum(rate(vllm:kvd_saved_chunks_total{{{V}}}[$__rate_interval]))", "saved")]},
+                (f"sum({rate('vllm:kvd_loaded_chunks_total', V)})", "loaded"),
+                (f"sum({rate('vllm:kvd_saved_chunks_total', V)})", "saved")]},
             {"title": "Load and store bandwidth", "unit": "Bps", "w": 8, "targets": [
-                (f"sum(rate(vllm:kv_offload_load_bytes_total{{{V}}}[$__rate_interval]))", "load"),
-                (f"sum(rate(vllm:kv_offload_store_bytes_total{{{V}}}[$__rate_interval]))", "store")]},
+                (f"sum({rate('vllm:kv_offload_load_bytes_total', V)})", "load"),
+                (f"sum({rate('vllm:kv_offload_store_bytes_total', V)})", "store")]},
             {"title": "Load and save step latency (p50, p99)", "unit": "s", "w": 8, "targets": [
-                (f"histogram_quantile(0.5, sum by (le) (rate(vllm:kvd_load_duration_seconds_bucket{{{V}}}[$__rate_interval])))", "load p50"),
-                (f"histogram_quantile(0.99, sum by (le) (rate(vllm:kvd_load_duration_seconds_bucket{{{V}}}[$__rate_interval])))", "load p99"),
-                (f"histogram_quantile(0.5, sum by (le) (rate(vllm:kvd_save_duration_seconds_bucket{{{V}}}[$__rate_interval])))", "save p50"),
-                (f"histogram_quantile(0.99, sum by (le) (rate(vllm:kvd_save_duration_seconds_bucket{{{V}}}[$__rate_interval])))", "save p99")]},
+                (quantile(q, f"vllm:kvd_{step}_duration_seconds"), f"{step} p{round(q * 100)}")
+                for step in ("load", "save") for q in (0.5, 0.99)]},
             {"title": "Bytes per load and save step (p50)", "unit": "bytes", "w": 8, "targets": [
-                (f"histogram_quantile(0.5, sum by (le) (rate(vllm:kv_offload_load_size_bucket{{{V}}}[$__rate_interval])))", "load"),
-                (f"histogram_quantile(0.5, sum by (le) (rate(vllm:kv_offload_store_size_bucket{{{V}}}[$__rate_interval])))", "store")]},
+                (quantile(0.5, "vllm:kv_offload_load_size"), "load"),
+                (quantile(0.5, "vllm:kv_offload_store_size"), "store")]},
             {"title": "Failed loads and dropped saves", "w": 8, "targets": [
-                (f"sum by (reason) (increase(vllm:kvd_failed_loads_total{{{V}}}[$__rate_interval]))", "failed load: {{reason}}"),
-                (f"sum by (reason) (increase(vllm:kvd_dropped_saves_total{{{V}}}[$__rate_interval]))", "dropped save: {{reason}}"),
-                (f"sum(increase(vllm:kvd_lookup_errors_total{{{V}}}[$__rate_interval]))", "lookup errors")]},
+                (f"sum by (reason) ({increase('vllm:kvd_failed_loads_total', V)})", "failed load: {{reason}}"),
+                (f"sum by (reason) ({increase('vllm:kvd_dropped_saves_total', V)})", "dropped save: {{reason}}"),
+                (f"sum({increase('vllm:kvd_lookup_errors_total', V)})", "lookup errors")]},
         ],
     ),
     (
         "vLLM prefix cache",
         [
             {"title": "Prefix cache hit ratio (GPU)", "unit": "percentunit", "w": 6, "targets": [
-                (f"sum(rate(vllm:prefix_cache_hits_total{{{V}}}[$__rate_interval])) / sum(rate(vllm:prefix_cache_queries_total{{{V}}}[$__rate_interval]))", "local")]},
+                (f"sum({rate('vllm:prefix_cache_hits_total', V)}) / sum({rate('vllm:prefix_cache_queries_total', V)})", "local")]},
             {"title": "External prefix cache hit ratio (kvd)", "unit": "percentunit", "w": 6, "targets": [
-                (f"sum(rate(vllm:external_prefix_cache_hits_total{{{V}}}[$__rate_interval])) / sum(rate(vllm:external_prefix_cache_queries_total{{{V}}}[$__rate_interval]))", "external")]},
+                (f"sum({rate('vllm:external_prefix_cache_hits_total', V)}) / sum({rate('vllm:external_prefix_cache_queries_total', V)})", "external")]},
             {"title": "Cached prompt tokens by source (vLLM 0.32+)", "unit": "short", "w": 6, "targets": [
-                (f"sum by (source) (rate(vllm:prompt_tokens_cached_by_source_total{{{V}}}[$__rate_interval]))", "{{source}}")]},
+                (f"sum by (source) ({rate('vllm:prompt_tokens_cached_by_source_total', V)})", "{{source}}")]},
             {"title": "GPU KV cache usage", "unit": "percentunit", "w": 6, "targets": [
                 (f"vllm:kv_cache_usage_perc{{{V}}}", "{{model_name}} {{engine}}")]},
         ],

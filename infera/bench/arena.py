@@ -19,7 +19,8 @@ import os
 import time
 from typing import Any
 
-from infera.bench.common import machine_line, median_us, rss_anon_bytes, temp_daemon
+from infera.bench.common import machine_line, median_us, ratio_table, temp_daemon
+from infera.bench.procfs import rss_anon_bytes
 from infera.units import format_size, parse_size
 
 
@@ -120,13 +121,8 @@ def run_arena_bench(chunk_size: str, rounds: int, json_out: bool, index_chunks: 
         print(json.dumps(res, indent=2))
         return 0
     from rich.console import Console
-    from rich.table import Table
 
-    t = Table(title=f"kvd bench arena · {res['machine']}")
-    t.add_column("measure")
-    t.add_column("kvd", justify="right")
-    t.add_column("baseline", justify="right")
-    t.add_column("ratio / target", justify="right")
+    t = ratio_table(f"kvd bench arena · {res['machine']}", "kvd")
     t.add_row(
         f"put+get {format_size(size)} chunks (GB/s, 2 copies each)",
         f"{res['kvd_gbps']:.2f}",

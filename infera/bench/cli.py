@@ -1,6 +1,16 @@
-"""``kvd bench``: one sub-command per benchmark; each lives in its own module of this package."""
+"""``kvd bench``: one sub-command per benchmark; each lives in its own module of this package.
+
+A command declares its options and names its benchmark with :func:`runs`; the options are the
+benchmark's keyword arguments, and its module is imported only when the command runs, so
+``kvd --help`` stays fast.
+"""
 
 from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from typing import Any
 
 import typer
 
@@ -10,7 +20,29 @@ bench_app = typer.Typer(
 )
 
 
+def runs(
+    module: str, function: str, status: bool = False
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """The command runs ``infera.bench.<module>.<function>(**its options)`` (a KvdError is one line,
+    Ctrl-C exit status 130); with ``status`` what the benchmark returns is the exit status."""
+
+    def deco(command: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(command)
+        def run(**options: Any) -> None:
+            from infera.clikit import run_guarded
+
+            bench = getattr(importlib.import_module(f"infera.bench.{module}"), function)
+            code = run_guarded(bench, **options)
+            if status:
+                raise typer.Exit(code or 0)
+
+        return run
+
+    return deco
+
+
 @bench_app.command("arena")
+@runs("arena", "run_arena_bench")
 def arena(
     chunk_size: str = typer.Option("4M", "--chunk-size", help="Chunk size for the put+get test."),
     rounds: int = typer.Option(200, "--rounds", help="Chunks put and got in the throughput test."),
@@ -18,15 +50,10 @@ def arena(
     index_chunks: int = typer.Option(100_000, "--index-chunks", help="Chunks indexed for the memory figure."),
 ) -> None:
     """The RAM tier through the daemon vs memcpy; LOOKUP/GET latency; daemon memory per 100k chunks."""
-    from infera.bench.arena import run_arena_bench
-    from infera.clikit import run_guarded
-
-    run_guarded(
-        run_arena_bench, chunk_size=chunk_size, rounds=rounds, json_out=json_out, index_chunks=index_chunks
-    )
 
 
 @bench_app.command("disk")
+@runs("disk", "run_disk_bench")
 def disk(
     path: str = typer.Option(
         None, "--path", help="Directory on the filesystem to measure (default: $TMPDIR, else /var/tmp)."
@@ -42,21 +69,10 @@ def disk(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """The disk tier vs raw file I/O (write, cold read); daemon start time with many chunk files."""
-    from infera.bench.disk import run_disk_bench
-    from infera.clikit import run_guarded
-
-    run_guarded(
-        run_disk_bench,
-        path=path,
-        chunks=chunks,
-        chunk_size=chunk_size,
-        files=files,
-        fsync=fsync,
-        json_out=json_out,
-    )
 
 
 @bench_app.command("top-render")
+@runs("top_render", "run_top_render_bench")
 def top_render(
     clients: int = typer.Option(
         200, "--clients", help="Clients in the STATS reply (rows of the client table)."
@@ -66,13 +82,10 @@ def top_render(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """`kvd top` frame render time vs its 50 ms budget and vs an empty frame."""
-    from infera.bench.top_render import run_top_render_bench
-    from infera.clikit import run_guarded
-
-    run_guarded(run_top_render_bench, clients=clients, history=history, frames=frames, json_out=json_out)
 
 
 @bench_app.command("l4")
+@runs("l4", "run_l4_bench", status=True)
 def l4(
     chunk_size: str = typer.Option("4M", "--chunk-size", help="Size of each chunk."),
     count: int = typer.Option(32, "--count", help="Chunks put and got per round."),
@@ -85,23 +98,10 @@ def l4(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Put and get through kvd into Mooncake vs Mooncake's own client (ratio; target >= 0.9)."""
-    from infera.bench.l4 import run_l4_bench
-    from infera.clikit import run_guarded
-
-    code = run_guarded(
-        run_l4_bench,
-        chunk_size=chunk_size,
-        count=count,
-        rounds=rounds,
-        batch=batch,
-        master=master,
-        metadata=metadata,
-        json_out=json_out,
-    )
-    raise typer.Exit(code or 0)
 
 
 @bench_app.command("ttft")
+@runs("ttft", "run_ttft_bench")
 def ttft(
     python: str = typer.Option(None, "--python", help="A Python with vLLM (default: this one)."),
     sizes: str = typer.Option("1024,4096,16384", "--sizes", help="Prompt lengths in tokens."),
@@ -112,22 +112,10 @@ def ttft(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Time to first token of a kvd hit vs recompute on a real vLLM engine (ratios in one run)."""
-    from infera.bench.ttft import run_ttft_bench
-    from infera.clikit import run_guarded
-
-    run_guarded(
-        run_ttft_bench,
-        python=python,
-        sizes=sizes,
-        hidden=hidden,
-        layers=layers,
-        model=model,
-        repeat=repeat,
-        json_out=json_out,
-    )
 
 
 @bench_app.command("compare")
+@runs("compare", "run_compare", status=True)
 def compare(
     quick: bool = typer.Option(False, "--quick", help="Fewer prompt lengths, chunks and repeats (minutes)."),
     only: str = typer.Option(
@@ -146,23 +134,10 @@ def compare(
     json_out: bool = typer.Option(False, "--json", help="Print the results as one JSON object."),
 ) -> None:
     """kvd next to its peers: TTFT on vLLM, store throughput, restart to warm (tables and plots)."""
-    from infera.bench.compare import run_compare
-    from infera.clikit import run_guarded
-
-    code = run_guarded(
-        run_compare,
-        quick=quick,
-        only=only,
-        out=out,
-        docs=docs,
-        vllm_python=vllm_python,
-        threads=threads,
-        json_out=json_out,
-    )
-    raise typer.Exit(code or 0)
 
 
 @bench_app.command("transfer")
+@runs("transfer", "run_transfer_bench")
 def transfer(
     models: str = typer.Option("8b,70b,mla", "--models", help="Model shapes: 8b, 70b (TP4 share), mla."),
     dtypes: str = typer.Option("bf16,fp8", "--dtypes", help="KV dtypes: bf16, fp8 (uint8 storage)."),
@@ -178,7 +153,7 @@ def transfer(
         True, "--unregistered/--no-unregistered", help="Add a row with the arena not registered."
     ),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    device: str = typer.Option("cuda", "--device", help="cuda, or cpu for a dry run of the code paths."),
+    device_name: str = typer.Option("cuda", "--device", help="cuda, or cpu for a dry run of the code paths."),
     staging_mib: int = typer.Option(768, "--staging-mib", help="GPU staging (INFERA_KVD_GPU_STAGING_MB)."),
     kernels: str = typer.Option(
         "auto",
@@ -187,26 +162,10 @@ def transfer(
     ),
 ) -> None:
     """GPU KV <-> daemon arena through the worker's real save/load code, vs the pinned copy ceiling."""
-    from infera.bench.transfer import run_transfer_bench
-    from infera.clikit import run_guarded
-
-    run_guarded(
-        run_transfer_bench,
-        models=models,
-        dtypes=dtypes,
-        layouts=layouts,
-        chunk_mib=chunk_mib,
-        tokens=tokens,
-        repeat=repeat,
-        unregistered=unregistered,
-        json_out=json_out,
-        device_name=device,
-        staging_mib=staging_mib,
-        kernels=kernels,
-    )
 
 
 @bench_app.command("gpu-e2e")
+@runs("gpu_e2e", "run_gpu_e2e")
 def gpu_e2e(
     python: str = typer.Option(None, "--python", help="A Python with vLLM (default: this one)."),
     sizes: str = typer.Option("4096,16384", "--sizes", help="Prompt lengths in tokens."),
@@ -221,21 +180,6 @@ def gpu_e2e(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """TTFT on a GPU with vLLM: recompute, vLLM native CPU hit, kvd RAM/cross-engine/disk hits, GPU hit."""
-    from infera.bench.gpu_e2e import run_gpu_e2e
-    from infera.clikit import run_guarded
-
-    run_guarded(
-        run_gpu_e2e,
-        python=python,
-        sizes=sizes,
-        repeat=repeat,
-        small=small,
-        check=check,
-        out=out,
-        native_cpu_gb=native_cpu_gb,
-        timeout=timeout,
-        json_out=json_out,
-    )
 
 
 def register(app: typer.Typer) -> None:

@@ -7,11 +7,14 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infera.kvd.process import temp_daemon
 
-__all__ = ["machine_line", "median_us", "rss_anon_bytes", "temp_daemon"]
+if TYPE_CHECKING:
+    from rich.table import Table
+
+__all__ = ["machine_line", "median_us", "ratio_table", "temp_daemon"]
 
 
 def median_us(fn: Callable[[], Any], n: int, warmup: int = 20) -> float:
@@ -25,13 +28,17 @@ def median_us(fn: Callable[[], Any], n: int, warmup: int = 20) -> float:
     return statistics.median(samples) * 1e6
 
 
-def rss_anon_bytes(pid: int) -> int:
-    """Anonymous resident memory of a process (excludes the shared arena mapping)."""
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    return 0
+def ratio_table(title: str, subject: str) -> Table:
+    """The result table of a benchmark that measures ``subject`` against a baseline: a row per
+    measure, with both figures and their ratio next to its target."""
+    from rich.table import Table
+
+    t = Table(title=title)
+    t.add_column("measure")
+    t.add_column(subject, justify="right")
+    t.add_column("baseline", justify="right")
+    t.add_column("ratio / target", justify="right")
+    return t
 
 
 def machine_line() -> str:

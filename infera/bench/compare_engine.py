@@ -37,13 +37,6 @@ def prompt_ids(tokens: int, seed: int, vocab: int) -> list[int]:
     return [rng.randrange(3, vocab) for _ in range(tokens)]
 
 
-def _external_hits(llm: Any) -> float:
-    for m in llm.get_metrics():
-        if m.name == "vllm:external_prefix_cache_hits":
-            return float(getattr(m, "value", 0) or 0)
-    return 0.0
-
-
 def _error_line(stage: str, exc: BaseException, request: str | None = None) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
@@ -60,11 +53,10 @@ def _error_line(stage: str, exc: BaseException, request: str | None = None) -> s
 
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
-    from infera.bench.ttft_engine import _copy_counters, build_model
+    from infera.bench.ttft_engine import build_model, one_token_request
 
     info = build_model(Path(spec["model"]), spec["hidden"], spec["layers"], spec["vocab"])
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
 
     started = time.monotonic()
     kw: dict[str, Any] = {}
@@ -92,22 +84,14 @@ def main() -> None:
     vocab = int(info["vocab"])
 
     def request(ids: list[int], retention: str | None, reset: bool = True) -> dict[str, Any]:
-        extra = {"kv_transfer_params": {"infera_retention": retention}} if retention else None
-        sp = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, extra_args=extra)
-        if reset:
-            llm.reset_prefix_cache()
-        before, copies = _external_hits(llm), _copy_counters()
-        t = time.perf_counter()
-        out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)
-        took = time.perf_counter() - t
-        after = _copy_counters()
+        r = one_token_request(llm, ids, retention, reset)
         return {
-            "seconds": took,
-            "token": list(out[0].outputs[0].token_ids)[:1],
-            "cached_tokens": int(out[0].num_cached_tokens or 0),
-            "external_hits": _external_hits(llm) - before,
-            "load_s": (after.get("load_us", 0) - copies.get("load_us", 0)) / 1e6,
-            "load_bytes": after.get("load_bytes", 0) - copies.get("load_bytes", 0),
+            "seconds": r["seconds"],
+            "token": r["token_ids"][:1],
+            "cached_tokens": r["cached_tokens"],
+            "external_hits": r["external_hits"],
+            "load_s": r["counters"].get("load_us", 0) / 1e6,
+            "load_bytes": r["counters"].get("load_bytes", 0),
         }
 
     results: list[dict[str, Any]] = []

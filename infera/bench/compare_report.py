@@ -9,6 +9,8 @@ restart). The direction of each ratio is stated in the column header.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -188,14 +190,17 @@ def plot_all(results: dict[str, Any], img_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     img_dir.mkdir(parents=True, exist_ok=True)
-    made: list[Path] = []
-    if "ttft" in results:
-        made.append(_plot_ttft(results["ttft"], img_dir / "compare-ttft.png"))
-    if "store" in results:
-        made.append(_plot_store(results["store"], img_dir / "compare-store.png"))
-    if "restart" in results:
-        made.append(_plot_restart(results["restart"], img_dir / "compare-restart.png"))
-    return made
+    return [p.plot(results[p.key], img_dir / f"compare-{p.key}.png") for p in PARTS if p.key in results]
+
+
+def _save(fig: Any, path: Path) -> Path:
+    """Lay the figure out, write it to ``path`` as PNG and free it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 COLORS = {
@@ -248,10 +253,7 @@ def _plot_ttft(ttft: dict[str, Any], path: Path) -> Path:
     )
     ax.grid(axis="y", which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, frameon=False)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _plot_store(store: dict[str, Any], path: Path) -> Path:
@@ -277,10 +279,7 @@ def _plot_store(store: dict[str, Any], path: Path) -> Path:
     ax.set_title(f"Store throughput, {format_size(store['chunk_bytes'])} chunks, one client on loopback")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _plot_restart(restart: dict[str, Any], path: Path) -> Path:
@@ -332,10 +331,60 @@ def _plot_restart(restart: dict[str, Any], path: Path) -> Path:
     ax.set_title("Restart to warm")
     ax.grid(which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
+
+
+def _ttft_intro(t: dict[str, Any]) -> list[str]:
+    """What the TTFT part ran: the model and how the engines were run."""
+    mdl = t.get("model") or {}
+    if not mdl:
+        return []
+    return [
+        f"Model: random-weight Llama, {mdl['params'] / 1e6:.0f}M parameters "
+        f"({format_size(mdl['weight_bytes'])} bf16), {mdl['layers']} layers, hidden "
+        f"{mdl['hidden']}, {mdl['kv_heads']} KV heads × {mdl['head_dim']}; "
+        f"KV {format_size(t['kv_bytes_per_token'])} per token. One engine process per "
+        f"row group, `OMP_NUM_THREADS={t['threads']}`, eager mode, one output token; hits "
+        f"are the best of {t['repeats']}, disk hits after a restart are each prompt's "
+        f"first (cold) read. TTFT part: {t['seconds'] / 60:.1f} min.\n"
+    ]
+
+
+def _no_intro(part: dict[str, Any]) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class ReportPart:
+    """One part of a compare run, as the report shows it."""
+
+    key: str  # in the results, and the plot's file name compare-KEY.png
+    heading: str
+    alt: str  # the plot's alt text
+    plot: Callable[[dict[str, Any], Path], Path]
+    intro: Callable[[dict[str, Any]], list[str]]  # the lines before the plot
+    table: Callable[[dict[str, Any]], str]  # after it
+
+
+PARTS = (
+    ReportPart("ttft", "TTFT on real vLLM", "TTFT", _plot_ttft, _ttft_intro, ttft_tables),
+    ReportPart(
+        "store",
+        "Store throughput",
+        "Store throughput",
+        _plot_store,
+        _no_intro,
+        lambda st: store_table(st) + "\n",
+    ),
+    ReportPart(
+        "restart",
+        "Restart to warm",
+        "Restart to warm",
+        _plot_restart,
+        _no_intro,
+        lambda rs: restart_table(rs) + "\n",
+    ),
+)
 
 
 def _load(values: list[float]) -> str:
@@ -357,41 +406,17 @@ def markdown(results: dict[str, Any], img: str) -> str:
         "Versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()) + ".",
         "",
     ]
-    if "ttft" in results:
-        t = results["ttft"]
-        lines.append("### TTFT on real vLLM\n")
-        if "error" in t:
-            lines.append(f"Could not run: {t['error']}\n")
-        else:
-            mdl = t.get("model") or {}
-            if mdl:
-                lines.append(
-                    f"Model: random-weight Llama, {mdl['params'] / 1e6:.0f}M parameters "
-                    f"({format_size(mdl['weight_bytes'])} bf16), {mdl['layers']} layers, hidden "
-                    f"{mdl['hidden']}, {mdl['kv_heads']} KV heads × {mdl['head_dim']}; "
-                    f"KV {format_size(t['kv_bytes_per_token'])} per token. One engine process per "
-                    f"row group, `OMP_NUM_THREADS={t['threads']}`, eager mode, one output token; hits "
-                    f"are the best of {t['repeats']}, disk hits after a restart are each prompt's "
-                    f"first (cold) read. TTFT part: {t['seconds'] / 60:.1f} min.\n"
-                )
-            lines.append(f"![TTFT]({img}/compare-ttft.png)\n")
-            lines.append(ttft_tables(t))
-    if "store" in results:
-        st = results["store"]
-        lines.append("### Store throughput\n")
-        if "error" in st:
-            lines.append(f"Could not run: {st['error']}\n")
-        else:
-            lines.append(f"![Store throughput]({img}/compare-store.png)\n")
-            lines.append(store_table(st) + "\n")
-    if "restart" in results:
-        rs = results["restart"]
-        lines.append("### Restart to warm\n")
-        if "error" in rs:
-            lines.append(f"Could not run: {rs['error']}\n")
-        else:
-            lines.append(f"![Restart to warm]({img}/compare-restart.png)\n")
-            lines.append(restart_table(rs) + "\n")
+    for p in PARTS:
+        if p.key not in results:
+            continue
+        part = results[p.key]
+        lines.append(f"### {p.heading}\n")
+        if "error" in part:
+            lines.append(f"Could not run: {part['error']}\n")
+            continue
+        lines += p.intro(part)
+        lines.append(f"![{p.alt}]({img}/compare-{p.key}.png)\n")
+        lines.append(p.table(part))
     return "\n".join(lines).rstrip() + "\n"
 
 

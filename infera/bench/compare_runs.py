@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from infera.bench.disk import plant_chunk_files
 from infera.bench.services import (
     REPO,
     LMCacheServer,
@@ -124,25 +125,6 @@ def run_store(
 # -- restart to warm -----------------------------------------------------------------------------
 
 
-def _kvd_files(root: str, count: int, size: int) -> list[bytes]:
-    from infera.kvd import chunkfile as cf
-
-    payload = os.urandom(size)
-    digest = cf.ns_digest(NS)
-    header = cf.make_header(NS, b"k", payload)
-    made: set[str] = set()
-    keys = [i.to_bytes(16, "big") for i in range(count)]
-    for key in keys:
-        header.key = key
-        path = os.path.join(root, cf.relpath(digest, key))
-        d = os.path.dirname(path)
-        if d not in made:
-            cf.ensure_dir(root, digest, key, NS)
-            made.add(d)
-        cf.write_file(path, header.pack(), payload, sync="none")
-    return keys
-
-
 def _kvd_restart(work: Path, count: int, size: int) -> dict[str, Any]:
     """Seconds from spawning the daemon to the first GET that returns a chunk from disk, and to
     the loaded index."""
@@ -150,7 +132,7 @@ def _kvd_restart(work: Path, count: int, size: int) -> dict[str, Any]:
     from infera.kvd.process import DaemonProcess
 
     root = work / "kvd-tier"
-    keys = _kvd_files(str(root), count, size)
+    keys = plant_chunk_files(str(root), NS, count, os.urandom(size))
     os.sync()
     sock = str(work / "kvd.sock")
     args = ["--max-bytes", "256M", "--long-path", str(root), "--long-bytes", "1T"]

@@ -26,13 +26,15 @@ import tempfile
 import time
 from typing import Any
 
-from infera.bench.common import machine_line, temp_daemon
+from infera.bench.common import machine_line, ratio_table, temp_daemon
 from infera.errors import KvdError
+from infera.kvd.process import wait_until
 from infera.units import format_size, parse_size
 
 NS = "bench-disk"
 READ_BATCH = 8
 ROUNDS = 3
+POLL_S = 0.005  # a wait inside a timed section ends within 5 ms of what it waits for
 
 
 def _drop_cache(path: str) -> None:
@@ -100,17 +102,6 @@ def _raw_files_read(root: str, threads: int) -> float:
     return time.perf_counter() - t
 
 
-def _wait(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise KvdError(f"benchmark: timed out waiting for {what}")
-        time.sleep(0.005)
-
-
 def _warm_arena(c: Any, arena: int, size: int) -> None:
     """Touch every arena page once (short chunks, then deleted), as a running daemon has."""
     filler = b"w" * size
@@ -130,7 +121,7 @@ def _tier_write(
         t = time.perf_counter()
         for i, key in enumerate(keys):
             c.put(key, payloads[i % len(payloads)])
-        st = _wait(
+        st = wait_until(
             lambda: (
                 (s := c.stats()["tiers"]["long"])["queued_writes"] == 0
                 and s["files_written"] + s["failed_writes"] + s["dropped_writes"] >= len(keys)
@@ -138,6 +129,7 @@ def _tier_write(
             ),
             600,
             "the chunk files to be written",
+            POLL_S,
         )
         dt = time.perf_counter() - t
     if st["files_written"] != len(keys):
@@ -152,7 +144,7 @@ def _tier_read(sock: str, keys: list[bytes], size: int, warm_arena: int) -> floa
     from infera.kvd.client import KvdClient
 
     with KvdClient(sock, namespace=NS, name="kvd-bench") as c:
-        _wait(lambda: c.stats()["tiers"]["long"]["state"] != "loading", 60, "the index to load")
+        wait_until(lambda: c.stats()["tiers"]["long"]["state"] != "loading", 60, "the index to load", POLL_S)
         if warm_arena:
             _warm_arena(c, warm_arena, size)
         t = time.perf_counter()
@@ -168,23 +160,30 @@ def _tier_read(sock: str, keys: list[bytes], size: int, warm_arena: int) -> floa
     return dt
 
 
-def _generate(root: str, files: int) -> float:
+def plant_chunk_files(root: str, namespace: str, count: int, payload: bytes) -> list[bytes]:
+    """Write ``count`` chunk files of ``payload`` straight into a disk tier at ``root``, laid out and
+    framed as the daemon writes them (keys: 0, 1, ... as 16 big-endian bytes), with no daemon and
+    no fsync; returns the keys."""
     from infera.kvd import chunkfile as cf
 
-    payload = b"p" * 64
-    digest = cf.ns_digest(NS)
-    header = cf.make_header(NS, b"k", payload)
-    t = time.perf_counter()
+    digest = cf.ns_digest(namespace)
+    header = cf.make_header(namespace, b"k", payload)
     made: set[str] = set()
-    for i in range(files):
-        key = i.to_bytes(16, "big")
+    keys = [i.to_bytes(16, "big") for i in range(count)]
+    for key in keys:
         header.key = key
         path = os.path.join(root, cf.relpath(digest, key))
         d = os.path.dirname(path)
         if d not in made:
-            cf.ensure_dir(root, digest, key, NS)
+            cf.ensure_dir(root, digest, key, namespace)
             made.add(d)
         cf.write_file(path, header.pack(), payload, sync="none")
+    return keys
+
+
+def _generate(root: str, files: int) -> float:
+    t = time.perf_counter()
+    plant_chunk_files(root, NS, files, b"p" * 64)
     return time.perf_counter() - t
 
 
@@ -199,8 +198,11 @@ def _start_times(long_path: str, files: int) -> dict[str, float]:
             if files:
                 probe = [(files - 1).to_bytes(16, "big")]
                 out["lookup_while_loading"] = float(c.lookup(probe))
-            st = _wait(
-                lambda: (s := c.stats()["tiers"]["long"])["state"] != "loading" and s, 120, "index load"
+            st = wait_until(
+                lambda: (s := c.stats()["tiers"]["long"])["state"] != "loading" and s,
+                120,
+                "index load",
+                POLL_S,
             )
             out["loaded_s"] = time.perf_counter() - t
             out["index_load_s"] = st["index_load_s"]
@@ -298,14 +300,9 @@ def run_disk_bench(
 
 def _print_table(res: dict[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     size = format_size(res["chunk_bytes"])
-    t = Table(title=f"kvd bench disk · {res['machine']} · {res['path']} · fsync={res['fsync']}")
-    t.add_column("measure")
-    t.add_column("disk tier", justify="right")
-    t.add_column("baseline", justify="right")
-    t.add_column("ratio / target", justify="right")
+    t = ratio_table(f"kvd bench disk · {res['machine']} · {res['path']} · fsync={res['fsync']}", "disk tier")
     t.add_row(
         f"write {res['chunks']} x {size} long chunks (GB/s)",
         f"{res['tier_write_gbps']:.2f}",
@@ -347,4 +344,4 @@ def _print_table(res: dict[str, Any]) -> None:
     Console().print(t)
 
 
-__all__ = ["run_disk_bench"]
+__all__ = ["plant_chunk_files", "run_disk_bench"]

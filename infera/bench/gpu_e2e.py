@@ -39,7 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infera.errors import KvdError, UsageError
+from infera.bench.ttft import prompt_lengths
+from infera.errors import KvdError
 from infera.kvd.process import DaemonProcess
 
 LLAMA_8B = {
@@ -318,12 +319,7 @@ def run_gpu_e2e(
     json_out: bool = False,
 ) -> dict[str, Any]:
     python = python or sys.executable
-    try:
-        lengths = [int(s) for s in sizes.split(",") if s.strip()]
-    except ValueError:
-        raise UsageError(f"--sizes {sizes!r} must be comma-separated token counts") from None
-    if not lengths or min(lengths) < 512:
-        raise UsageError("--sizes needs prompt lengths of at least 512 tokens")
+    lengths = prompt_lengths(sizes, 512)
     workdir = Path(tempfile.mkdtemp(prefix="kvd-e2e-", dir="/tmp"))
     logdir = Path(out) if out else workdir
     logdir.mkdir(parents=True, exist_ok=True)

@@ -3,9 +3,9 @@ node, lmcache_server, etcd and Redis.
 
 Each service runs as a child process on free ports, with its output in a log file, a readiness
 wait (a TCP connect, or the service's own health answer), and teardown by PID (SIGTERM, then
-SIGKILL). A program that is not installed raises :class:`ServiceMissing` (the tests turn that
-into a skip with :func:`set_missing_handler`); every other failure at start is a RuntimeError that
-shows the service's log.
+SIGKILL, as :mod:`infera.kvd.process` stops a daemon). A program that is not installed raises
+:class:`ServiceMissing` (the tests turn that into a skip with :func:`set_missing_handler`); every
+other failure at start is a RuntimeError that shows the service's log.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from infera.errors import KvdError
+from infera.kvd.process import kill_child, stop_child
 
 REPO = Path(__file__).resolve().parent.parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -121,19 +121,12 @@ class Service:
             return ""
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None:
+            stop_child(self.proc, timeout)
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None:
+            kill_child(self.proc)
 
     def restart(self, timeout: float = 30.0) -> Service:
         self.stop()

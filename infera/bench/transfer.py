@@ -122,6 +122,27 @@ def _facts(shape: Shape, dtype: str, bytes_per_token: int) -> Any:
     )
 
 
+def solo_worker(
+    ns: Any, env: Any, link: Any, num_blocks: int, block_size: int, gpu_path_on_cpu: bool = False
+) -> Any:
+    """The worker half of a one-rank engine that nothing else holds blocks of, as a benchmark
+    drives it without vLLM: register KV tensors, then save and load chunks of ``block_size``-token
+    blocks through ``link``."""
+    from infera.engine.vllm.worker.half import WorkerHalf
+
+    return WorkerHalf(
+        ns,
+        env,
+        rank=0,
+        replicated=False,
+        link=link,
+        blockers=[],
+        num_blocks=num_blocks,
+        block_size=block_size,
+        gpu_path_on_cpu=gpu_path_on_cpu,
+    )
+
+
 def _client_report(sock: str, pid: int, role: str) -> dict[str, Any]:
     from infera.kvd.client import KvdClient
 
@@ -152,7 +173,6 @@ def run_case(
     from infera.engine.vllm.keys import make_namespace
     from infera.engine.vllm.link import DaemonLink
     from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
-    from infera.engine.vllm.worker.half import WorkerHalf
 
     elem = 2 if dtype == "bf16" else 1
     bpt = shape.bytes_per_token(elem)
@@ -167,17 +187,7 @@ def run_case(
     role = f"bench-transfer-{os.getpid()}"
     link = DaemonLink(sock, ns, role=role, name="kvd bench transfer", model=shape.name, want_arena=True)
     on_cpu = device.type == "cpu"
-    worker = WorkerHalf(
-        ns,
-        env,
-        rank=0,
-        replicated=False,
-        link=link,
-        blockers=[],
-        num_blocks=num_blocks,
-        block_size=shape.block,
-        gpu_path_on_cpu=on_cpu,
-    )
+    worker = solo_worker(ns, env, link, num_blocks, shape.block, gpu_path_on_cpu=on_cpu)
     worker.register(caches)
     if worker.layout is None or worker.gpu is None:
         raise UsageError(

@@ -72,6 +72,18 @@ def _check_python(python: str) -> None:
         raise UsageError(f"{python} cannot import vllm", hint="point --python at a vLLM environment")
 
 
+def prompt_lengths(sizes: str, minimum: int) -> list[int]:
+    """The prompt lengths of a TTFT benchmark's ``--sizes`` (comma-separated token counts), each at
+    least ``minimum`` tokens."""
+    try:
+        lengths = [int(s) for s in sizes.split(",") if s.strip()]
+    except ValueError:
+        raise UsageError(f"--sizes {sizes!r} must be comma-separated token counts") from None
+    if not lengths or min(lengths) < minimum:
+        raise UsageError(f"--sizes needs prompt lengths of at least {minimum} tokens")
+    return lengths
+
+
 def run_ttft_bench(
     python: str | None = None,
     sizes: str = "1024,4096,16384",
@@ -86,12 +98,7 @@ def run_ttft_bench(
     from infera.units import format_size
 
     python = python or sys.executable
-    try:
-        lengths = [int(s) for s in sizes.split(",") if s.strip()]
-    except ValueError:
-        raise UsageError(f"--sizes {sizes!r} must be comma-separated token counts") from None
-    if not lengths or min(lengths) < 256:
-        raise UsageError("--sizes needs prompt lengths of at least 256 tokens")
+    lengths = prompt_lengths(sizes, 256)
     _check_python(python)
     model_dir = Path(model) if model else _default_model_dir(hidden, layers, vocab)
     kv_per_token = layers * max(1, hidden // 256) * 64 * 2 * 2

@@ -77,11 +77,39 @@ def _external_hits(llm: Any) -> float:
     return 0.0
 
 
+def one_token_request(llm: Any, ids: list[int], retention: str | None, reset: bool = True) -> dict[str, Any]:
+    """One timed request of the in-process engine ``llm`` for one output token of prompt ``ids``.
+
+    ``retention`` goes to InferaKvdConnector as ``infera_retention`` (``None``: the default);
+    ``reset`` clears the engine's own prefix cache first, so whatever is not recomputed came
+    through the connector. Returns the wall time (``seconds``), the output ``token_ids``, the
+    engine's ``cached_tokens``, the connector's ``external_hits`` and the change of the worker's
+    copy ``counters`` (``load_us``, ``save_bytes``, ...)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    extra = {"kv_transfer_params": {"infera_retention": retention}} if retention else None
+    sp = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, extra_args=extra)
+    if reset:
+        llm.reset_prefix_cache()
+    before, counters = _external_hits(llm), _copy_counters()
+    t = time.perf_counter()
+    out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)
+    took = time.perf_counter() - t
+    after = _copy_counters()
+    return {
+        "seconds": took,
+        "token_ids": list(out[0].outputs[0].token_ids),
+        "cached_tokens": int(out[0].num_cached_tokens or 0),
+        "external_hits": _external_hits(llm) - before,
+        "counters": {k: after.get(k, 0) - counters.get(k, 0) for k in after},
+    }
+
+
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text())
     info = build_model(Path(spec["model"]), spec["hidden"], spec["layers"], spec["vocab"])
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
 
     sizes = [int(n) for n in spec["sizes"]]
     started = time.monotonic()
@@ -108,17 +136,10 @@ def main() -> None:
     copies: dict[str, int] = {}
 
     def request(ids: list[int], retention: str | None) -> tuple[float, list[int], float]:
-        extra = {"kv_transfer_params": {"infera_retention": retention}} if retention else None
-        sp = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, extra_args=extra)
-        llm.reset_prefix_cache()
-        before, counters = _external_hits(llm), _copy_counters()
-        t = time.perf_counter()
-        out = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)
-        took = time.perf_counter() - t
-        after = _copy_counters()
+        r = one_token_request(llm, ids, retention)
         copies.clear()
-        copies.update({k: after.get(k, 0) - counters.get(k, 0) for k in after})
-        return took, list(out[0].outputs[0].token_ids), _external_hits(llm) - before
+        copies.update(r["counters"])
+        return r["seconds"], r["token_ids"], r["external_hits"]
 
     rng = random.Random(0)
     request([rng.randrange(3, vocab) for _ in range(64)], "none")  # warm-up

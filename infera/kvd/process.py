@@ -5,6 +5,10 @@ output in a log file, poll PING on its socket until it answers (an early exit or
 :class:`~infera.errors.KvdError` carrying the end of the log), and stop it with SIGTERM, then
 SIGKILL after a timeout. :func:`temp_daemon` runs one on a throwaway socket for a ``with`` block.
 
+:func:`wait_until` polls for anything else a caller waits on (the benchmarks and the tests wait on
+a daemon's stats with it); :func:`stop_child` and :func:`kill_child` stop any child process the
+way :class:`DaemonProcess` stops its daemon (the services of :mod:`infera.bench.services` too).
+
 A client-side tool: it talks to the daemon only through :class:`~infera.kvd.client.KvdClient` and
 never imports the daemon's own modules.
 """
@@ -19,16 +23,51 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from infera.errors import KvdError
 from infera.kvd.client import KvdClient, KvdClientError
 
 POLL_S = 0.02  # between two PING attempts while the daemon starts
 TAIL_CHARS = 4000  # of the log, in the error of a daemon that did not come up
+
+T = TypeVar("T")
+
+
+def wait_until(pred: Callable[[], T], timeout: float, what: str, poll_s: float = POLL_S) -> T:
+    """Call ``pred`` every ``poll_s`` seconds until it returns something true (say, a daemon's
+    stats once they show what a caller waits for), and return that; after ``timeout`` seconds a
+    KvdError ``timed out waiting for WHAT``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise KvdError(f"timed out waiting for {what}")
+        time.sleep(poll_s)
+
+
+def stop_child(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> int:
+    """SIGTERM a child process, then SIGKILL after ``timeout`` seconds; reap it and return its exit
+    status (an exited one's status at once)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_child(proc)
+    return proc.returncode
+
+
+def kill_child(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL a child process that still runs, and reap it."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 class DaemonProcess:
@@ -130,22 +169,12 @@ class DaemonProcess:
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout`` seconds; the exit status (``None``: never
         started). Stopping a stopped daemon only returns its status again."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return None if self.proc is None else stop_child(self.proc, timeout)
 
     def kill(self) -> None:
         """SIGKILL (a crash, as far as the daemon's state on disk goes) and reap it."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None:
+            kill_child(self.proc)
 
     def restart(self, timeout: float = 20.0, stop_timeout: float = 10.0) -> DaemonProcess:
         """:meth:`stop`, then :meth:`start` again on the same socket and arguments."""

@@ -74,6 +74,28 @@ _ANSI = {
 
 
 @dataclass
+class _Parts:
+    """The segments of one word (or of one double-quoted part of it) as the lexer reads them:
+    literal characters gather until an expansion or a quoted part starts a new segment."""
+
+    quoted: bool
+    segs: list[Seg] = field(default_factory=list)
+    buf: list[str] = field(default_factory=list)
+
+    def char(self, text: str) -> None:
+        self.buf.append(text)
+
+    def flush(self) -> None:
+        if self.buf:
+            self.segs.append(Seg("lit", "".join(self.buf), self.quoted))
+            self.buf.clear()
+
+    def seg(self, seg: Seg) -> None:
+        self.flush()
+        self.segs.append(seg)
+
+
+@dataclass
 class Lexer:
     src: str
     i: int = 0
@@ -158,14 +180,7 @@ class Lexer:
     def _word(self) -> SWord:
         s, n = self.src, len(self.src)
         start = self.i
-        segs: list[Seg] = []
-        buf: list[str] = []
-
-        def flush() -> None:
-            if buf:
-                segs.append(Seg("lit", "".join(buf), False))
-                buf.clear()
-
+        out = _Parts(quoted=False)
         while self.i < n:
             c = s[self.i]
             if c in _META:
@@ -173,7 +188,7 @@ class Lexer:
             if c == "\\":
                 if self.i + 1 < n:
                     if s[self.i + 1] != "\n":
-                        buf.append(s[self.i + 1])
+                        out.char(s[self.i + 1])
                     self.i += 2
                 else:
                     self.i += 1
@@ -182,37 +197,21 @@ class Lexer:
                 j = s.find("'", self.i + 1)
                 if j < 0:
                     raise ShellSyntaxError(self.i, "unterminated single quote")
-                flush()
-                segs.append(Seg("lit", s[self.i + 1 : j], True))
+                out.seg(Seg("lit", s[self.i + 1 : j], True))
                 self.i = j + 1
                 continue
             if c == "$" and s.startswith("'", self.i + 1):
-                flush()
-                segs.append(Seg("lit", self._ansi(), True))
+                out.seg(Seg("lit", self._ansi(), True))
                 continue
             if c == '"' or (c == "$" and s.startswith('"', self.i + 1)):
-                flush()
+                out.flush()
                 if c == "$":
                     self.i += 1
-                segs.extend(self._double())
+                out.segs.extend(self._double())
                 continue
-            if c == "$":
-                seg = self._dollar(False)
-                if seg is None:
-                    buf.append("$")
-                    self.i += 1
-                else:
-                    flush()
-                    segs.append(seg)
-                continue
-            if c == "`":
-                flush()
-                segs.append(self._backtick(False))
-                continue
-            buf.append(c)
-            self.i += 1
-        flush()
-        return SWord(segs, start, self.i)
+            self._char_or_expansion(out)
+        out.flush()
+        return SWord(out.segs, start, self.i)
 
     def _ansi(self) -> str:
         s = self.src
@@ -237,48 +236,42 @@ class Lexer:
         s = self.src
         start = self.i
         self.i += 1
-        segs: list[Seg] = []
-        buf: list[str] = []
-
-        def flush() -> None:
-            if buf:
-                segs.append(Seg("lit", "".join(buf), True))
-                buf.clear()
-
+        out = _Parts(quoted=True)
         while self.i < len(s):
             c = s[self.i]
             if c == '"':
                 self.i += 1
-                flush()
-                if not segs:
-                    segs.append(Seg("lit", "", True))
-                return segs
+                out.flush()
+                if not out.segs:
+                    out.segs.append(Seg("lit", "", True))
+                return out.segs
             if c == "\\" and self.i + 1 < len(s):
                 nxt = s[self.i + 1]
                 if nxt == "\n":
                     pass
                 elif nxt in '$`"\\':
-                    buf.append(nxt)
+                    out.char(nxt)
                 else:
-                    buf.append("\\" + nxt)
+                    out.char("\\" + nxt)
                 self.i += 2
                 continue
-            if c == "$":
-                seg = self._dollar(True)
-                if seg is None:
-                    buf.append("$")
-                    self.i += 1
-                else:
-                    flush()
-                    segs.append(seg)
-                continue
-            if c == "`":
-                flush()
-                segs.append(self._backtick(True))
-                continue
-            buf.append(c)
-            self.i += 1
+            self._char_or_expansion(out)
         raise ShellSyntaxError(start, "unterminated double quote")
+
+    def _char_or_expansion(self, out: _Parts) -> None:
+        """The character at the cursor, into ``out``: an expansion's segment at ``$`` or a
+        backquote, else (also a ``$`` that starts none) a literal character."""
+        c = self.src[self.i]
+        seg: Seg | None = None
+        if c == "`":
+            seg = self._backtick(out.quoted)
+        elif c == "$":
+            seg = self._dollar(out.quoted)
+        if seg is None:
+            out.char(c)
+            self.i += 1
+        else:
+            out.seg(seg)
 
     def _dollar(self, quoted: bool) -> Seg | None:
         s = self.src

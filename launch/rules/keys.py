@@ -217,10 +217,7 @@ def chunk_tokens_fixed(dep: Deployment, ctx: Context) -> Iterator[Hit]:
     ```
 
     Use instead:
-    ```sh
-    INFERA_KVD_AIS=1 INFERA_KVD_HIPFILE_ROOTS=long=/nvme/kvd-long \\
-    INFERA_KVD_SOCKET=/var/run/infera-kvd.sock python -m infera.engine.vllm ...
-    ```
+    {{AIS_ENGINE_SH}}
 
     ## Fix
     Drop the variable. If you must pin it (to keep keys stable across a model change), pin the value

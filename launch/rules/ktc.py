@@ -41,10 +41,7 @@ def ktc_invalid(dep: Deployment, ctx: Context) -> Iterator[Hit]:
     ```
 
     Use instead:
-    ```sh
-    python -m infera.engine.vllm --model m \\
-      --kv-transfer-config '{"kv_connector":"InferaKvdConnector","kv_role":"kv_both","kv_connector_module_path":"infera.engine.vllm.kvd_connector"}'
-    ```
+    {{KVD_ENGINE_SH}}
 
     ## Fix
     Add the missing `kv_role`, remove unknown fields, and quote the JSON for the shell with single
@@ -104,10 +101,7 @@ def ktc_removed_field(dep: Deployment, ctx: Context) -> Iterator[Hit]:
     ```
 
     Use instead:
-    ```json
-    {"kv_connector":"InferaKvdConnector","kv_role":"kv_both",
-     "kv_connector_module_path":"infera.engine.vllm.kvd_connector"}
-    ```
+    {{KVD_KTC_JSON}}
 
     ## Fix
     Delete the field. The kvd connector sizes its buffers from the daemon's arena, not from the config.
@@ -146,10 +140,7 @@ def kvd_module_path(dep: Deployment, ctx: Context) -> Iterator[Hit]:
     ```
 
     Use instead:
-    ```json
-    {"kv_connector":"InferaKvdConnector","kv_role":"kv_both",
-     "kv_connector_module_path":"infera.engine.vllm.kvd_connector"}
-    ```
+    {{KVD_KTC_JSON}}
 
     ## Fix
     Add the module path to every `InferaKvdConnector` entry, including the child of a `MultiConnector`.
@@ -193,11 +184,7 @@ def kvd_role(dep: Deployment, ctx: Context) -> Iterator[Hit]:
     ```
 
     Use instead:
-    ```json
-    {"kv_connector":"MultiConnector","kv_role":"kv_producer","kv_connector_extra_config":{"connectors":[
-      {"kv_connector":"InferaKvdConnector","kv_role":"kv_both","kv_connector_module_path":"infera.engine.vllm.kvd_connector"},
-      {"kv_connector":"MooncakeConnector","kv_role":"kv_producer"}]}}
-    ```
+    {{PREFILL_KTC_JSON}}
 
     ## Fix
     Give the kvd entry `kv_role` `kv_both`.

@@ -32,10 +32,7 @@ def parse_error(dep: Deployment, ctx: Context) -> Iterator[Hit]:
     ```
 
     Use instead:
-    ```sh
-    python -m infera.engine.vllm --model m \\
-      --kv-transfer-config '{"kv_connector":"InferaKvdConnector","kv_role":"kv_both","kv_connector_module_path":"infera.engine.vllm.kvd_connector"}'
-    ```
+    {{KVD_ENGINE_SH}}
 
     ## Fix
     Correct the syntax at the reported line. Force the file type with `--type` when `kvd lint` guessed

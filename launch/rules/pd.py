@@ -52,11 +52,7 @@ def prefill_role(dep: Deployment, ctx: Context) -> Iterator[Hit]:
     ```
 
     Use instead:
-    ```json
-    {"kv_connector":"MultiConnector","kv_role":"kv_producer","kv_connector_extra_config":{"connectors":[
-      {"kv_connector":"InferaKvdConnector","kv_role":"kv_both","kv_connector_module_path":"infera.engine.vllm.kvd_connector"},
-      {"kv_connector":"MooncakeConnector","kv_role":"kv_producer"}]}}
-    ```
+    {{PREFILL_KTC_JSON}}
 
     ## Fix
     Put `kv_producer` on the top level. The kvd child stays `kv_both` (rule KVD104).
@@ -179,11 +175,7 @@ def transport_role(dep: Deployment, ctx: Context) -> Iterator[Hit]:
     ```
 
     Use instead:
-    ```json
-    {"kv_connector":"MultiConnector","kv_role":"kv_producer","kv_connector_extra_config":{"connectors":[
-      {"kv_connector":"InferaKvdConnector","kv_role":"kv_both","kv_connector_module_path":"infera.engine.vllm.kvd_connector"},
-      {"kv_connector":"MooncakeConnector","kv_role":"kv_producer"}]}}
-    ```
+    {{PREFILL_KTC_JSON}}
 
     ## Fix
     Make the transport child `kv_producer` on prefill; decode's bare `MooncakeConnector` is `kv_consumer`.

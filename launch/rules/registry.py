@@ -3,7 +3,8 @@
 Codes are ``KVD`` plus three digits; the hundreds group the topic (1 kv-transfer-config, 2 prefill/
 decode, 3 hashing and chunk keys, 4 engine-to-daemon wiring, 5 the daemon, 6 containers; 000 is a
 file that could not be parsed). A code never changes meaning once released. A rule's docstring is its
-docs page (``docs/rules/<CODE>.md`` is generated from it), so code and docs cannot drift apart.
+docs page (``docs/rules/<CODE>.md`` is generated from it), so code and docs cannot drift apart; the
+right configurations several pages show are written once, in :mod:`infera.launch.rules.examples`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from infera.launch.model import Deployment, Loc
+from infera.launch.rules.examples import expand
 
 
 class Severity(StrEnum):
@@ -106,14 +108,16 @@ _CODE_RE = re.compile(r"^KVD\d{3}$")
 
 
 def rule(code: str, name: str, severity: Severity, summary: str, fix: str) -> Callable[[CheckFn], CheckFn]:
-    """Register ``fn`` as rule ``code``; its docstring is the rule's docs page."""
+    """Register ``fn`` as rule ``code``; its docstring is the rule's docs page (``{{NAME}}`` lines:
+    :data:`~infera.launch.rules.examples.EXAMPLES`)."""
     if not _CODE_RE.match(code):
         raise ValueError(f"bad rule code {code!r}")
 
     def deco(fn: CheckFn) -> CheckFn:
         if code in REGISTRY or any(r.name == name for r in REGISTRY.values()):
             raise ValueError(f"duplicate rule {code} {name}")
-        REGISTRY[code] = Rule(code, name, severity, summary, fix, inspect.cleandoc(fn.__doc__ or ""), fn)
+        doc = expand(inspect.cleandoc(fn.__doc__ or ""))
+        REGISTRY[code] = Rule(code, name, severity, summary, fix, doc, fn)
         return fn
 
     return deco

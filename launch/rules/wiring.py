@@ -319,10 +319,7 @@ def ais_roots(dep: Deployment, ctx: Context) -> Iterator[Hit]:
     ```
 
     Use instead:
-    ```sh
-    INFERA_KVD_AIS=1 INFERA_KVD_HIPFILE_ROOTS=long=/nvme/kvd-long \\
-    INFERA_KVD_SOCKET=/var/run/infera-kvd.sock python -m infera.engine.vllm ...
-    ```
+    {{AIS_ENGINE_SH}}
 
     ## Fix
     `kvd launch single --ais --long-path DIR ...` writes both variables.

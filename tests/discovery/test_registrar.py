@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 from services import Etcd, Service
 
+from helpers import seconds_until
 from infera.discovery.etcd import EtcdClient
 from infera.discovery.record import HashInfo, WorkerInfo, build_record, worker_key
 from infera.discovery.registrar import Registrar
+from infera.kvd.process import wait_until
 
 KVD = {"kv_connector": "InferaKvdConnector", "kv_role": "kv_both"}
 MOONCAKE_P = {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer"}
@@ -45,15 +47,6 @@ def read(etcd: Etcd, key: str) -> dict[str, Any] | None:
     with EtcdClient(etcd.endpoint) as c:
         kv = c.get(key)
     return None if kv is None else dict(kv.json())
-
-
-def wait_until(pred: Callable[[], bool], what: str, timeout: float = 10) -> float:
-    t0 = time.monotonic()
-    while not pred():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return time.monotonic() - t0
 
 
 @pytest.fixture
@@ -157,7 +150,7 @@ def test_kill_9_lets_the_lease_expire(etcd: Etcd) -> None:
         assert rec is not None and rec["role"] == "decode"
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        gone = wait_until(lambda: read(etcd, key) is None, "the lease to expire", timeout=8)
+        gone = seconds_until(lambda: read(etcd, key) is None, 8, "the lease to expire", 0.05)
         assert gone <= 2 + 2.5, f"key lasted {gone:.1f} s after kill -9 with a 2 s lease"
     finally:
         if proc.poll() is None:
@@ -174,7 +167,7 @@ def test_etcd_down_at_start_is_retried_and_counted(
     later = Etcd(service_dir)
     caplog.set_level(logging.INFO, logger="infera.discovery")
     r = registrars(later.endpoint, info(None), ttl=5, backoff=(0.05, 0.2), timeout=0.5)
-    wait_until(lambda: r.failures >= 3, "three failed attempts")
+    wait_until(lambda: r.failures >= 3, 10, "three failed attempts", 0.05)
     assert r.state == "retrying" and not r.registered.is_set()
     services(later)
     assert r.registered.wait(10)
@@ -193,7 +186,7 @@ def test_a_lost_lease_is_replaced(etcd: Etcd, registrars: Callable[..., Registra
     assert old is not None
     with EtcdClient(etcd.endpoint) as c:
         c.revoke(old)  # as if etcd had been unreachable for longer than the TTL
-    wait_until(lambda: r.registrations == 2, "a second registration", timeout=5)
+    wait_until(lambda: r.registrations == 2, 5, "a second registration", 0.05)
     rec = read(etcd, r.key)
     assert rec is not None and rec["lease"] == r.lease != old
 
@@ -205,7 +198,7 @@ def test_a_record_that_cannot_be_built_is_logged_not_raised(etcd: Etcd, caplog: 
         raise RuntimeError("no engine config")
 
     r = Registrar(etcd.endpoint, "/infera-kvd/v1/workers/x:1", broken, ttl=5).start()
-    wait_until(lambda: r.state == "failed", "the failed state", timeout=5)
+    wait_until(lambda: r.state == "failed", 5, "the failed state", 0.05)
     r.stop()
     assert any("no engine config" in m for m in caplog.messages)
 

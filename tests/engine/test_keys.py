@@ -10,6 +10,8 @@ from infera.engine.vllm import keys as K
 
 
 def facts(**over: object) -> K.EngineFacts:
+    """A tiny Llama on CPU (2 layers, 2 KV heads of 32, 128-token blocks, a fixed hash seed); ``over``
+    replaces fields."""
     base = K.EngineFacts(
         model="/models/tiny",
         model_type="llama",

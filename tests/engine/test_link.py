@@ -9,21 +9,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from test_keys import facts
 
-from helpers import Daemon
-from infera.engine.vllm.keys import EngineFacts, chunk_key, make_namespace
+from helpers import Daemon, seconds_until
+from infera.engine.vllm.keys import chunk_key, make_namespace
 from infera.engine.vllm.link import DaemonLink
 from infera.kvd.client import KvdUnavailable
+from infera.kvd.process import wait_until
 
-NS = make_namespace(
-    EngineFacts(
-        model="/m/tiny", model_type="llama", num_layers=2, total_kv_heads=2, kv_heads_per_rank=2, head_size=32,
-        use_mla=False, dtype="bfloat16", kv_cache_dtype="auto", block_size=128, hash_block_size=128,
-        bytes_per_token=512, tp_size=1, pp_size=1, hash_algo="sha256", hash_seed="fixed", vllm_version="0.32",
-        platform="cpu",
-    ),
-    256,
-)  # fmt: skip
+NS = make_namespace(facts(model="/m/tiny"), 256)  # the tiny Llama of test_keys
 
 
 def make_link(sock: str, **kw: object) -> DaemonLink:
@@ -37,16 +31,6 @@ def make_link(sock: str, **kw: object) -> DaemonLink:
         retry_initial_s=0.05,
         **kw,
     )  # type: ignore[arg-type]
-
-
-def wait_until(pred: Callable[[], bool], timeout: float) -> float:
-    """Seconds until ``pred()`` held; fails after ``timeout``."""
-    started = time.monotonic()
-    while not pred():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"not within {timeout} s")
-        time.sleep(0.01)
-    return time.monotonic() - started
 
 
 def test_link_declares_namespace_and_hash_settings(daemon: Daemon) -> None:
@@ -130,10 +114,10 @@ def test_link_reconnects_in_the_background_after_a_daemon_restart(
     assert link.client() is not None
     with caplog.at_level(logging.INFO, logger="infera.engine.vllm"):
         d.kill()
-        wait_until(lambda: not link.connected, 1.0)  # the hang-up is seen without a request
+        wait_until(lambda: not link.connected, 1.0, "the hang-up to be seen without a request", 0.01)
         time.sleep(0.6)  # an outage of a few retries
         d.start()
-        took = wait_until(lambda: link.connected, 1.0)
+        took = seconds_until(lambda: link.connected, 1.0, "the link to reconnect")
     assert took < 1.0
     assert link.counters["connects"] == 2, "the watcher reconnected, not a call"
     assert link.call(lambda c: c.lookup([KEY])) == 0
@@ -158,7 +142,7 @@ def test_daemon_lists_the_engine_again_after_a_restart_without_a_request(
         with d.client(want_arena=False) as tool:
             return [c for c in tool.stats()["clients"] if c.get("name") == "engine-19"]
 
-    wait_until(lambda: bool(listed()), 2.0)
+    wait_until(lambda: bool(listed()), 2.0, "the link to be listed", 0.01)
     (mine,) = listed()
     assert (mine["role"], mine["model"], mine["namespace"]) == ("vllm-worker-0", "/m/tiny", NS.name)
     assert mine["hash_fingerprint"] == NS.hash_fingerprint
@@ -178,7 +162,7 @@ def test_watcher_sleeps_while_connected_and_retries_on_a_timer(start_daemon: Cal
     time.sleep(1.0)
     assert link.wakeups == woke, "asleep while connected"
     d.stop()
-    wait_until(lambda: not link.connected, 1.0)
+    wait_until(lambda: not link.connected, 1.0, "the link to see the hang-up", 0.01)
     woke, failures = link.wakeups, link.counters["connect_failures"]
     started = time.monotonic()
     assert link.client() is None
@@ -216,7 +200,7 @@ def test_a_request_right_after_a_restart_connects_before_the_watchers_next_try(
     link = make_link(d.socket, retry_every_s=30.0)  # the watcher's next try is far away
     assert link.client() is not None
     d.kill()
-    wait_until(lambda: link.counters["connect_failures"] == 1, 1.0)  # its immediate retry failed
+    wait_until(lambda: link.counters["connect_failures"] == 1, 1.0, "its immediate retry to fail", 0.01)
     assert link.client() is None, "a stale socket file is not tried again before the tick"
     assert link.counters["connect_failures"] == 1
     d.start()

@@ -18,12 +18,8 @@ from typing import Any
 import pytest
 from hostile import (
     HealthProbe,
-    daemon_cpu_s,
-    daemon_peak_rss,
-    daemon_rss,
     frame,
     hello,
-    open_fds,
     pipeline,
     raw,
     read_replies,
@@ -33,6 +29,7 @@ from hostile import (
 )
 
 from helpers import Daemon
+from infera.bench import procfs
 from infera.kvd import protocol as P
 from infera.kvd.client import KvdClient
 from infera.kvd.namespaces import NS_IDS, NamespaceTable
@@ -75,12 +72,12 @@ FLOOD_BYTES = 1 * MiB  # of pipelined STATS requests (18 bytes each, ~1.6 KB rep
 def test_a_reply_flood_is_capped_per_connection_and_resumes(daemon: Daemon) -> None:
     request = frame({"op": "STATS", "id": 7})
     flood = request * (FLOOD_BYTES // len(request))
-    base = daemon_rss(daemon.pid)
+    base = procfs.rss_bytes(daemon.pid)
     with HealthProbe(daemon.socket) as probe:
         s = raw(daemon.socket)
         sent = pipeline(s, flood, stall_s=1.0)  # never reads a reply
         time.sleep(0.5)
-        grown = daemon_rss(daemon.pid) - base
+        grown = procfs.rss_bytes(daemon.pid) - base
         paused = _stats(daemon).get("output_paused_total")
     probe.assert_healthy()
     assert grown < RSS_GROWTH_MAX, f"daemon grew by {grown / MiB:.0f} MiB"
@@ -100,13 +97,13 @@ QUEUED_MAX = 40 * MiB  # replies queued for all of them together (the budget, pl
 def test_reply_floods_of_many_connections_share_one_budget(daemon: Daemon) -> None:
     request = frame({"op": "STATS", "id": 7})
     flood = request * (SPREAD_BYTES // len(request))
-    base = daemon_rss(daemon.pid)
+    base = procfs.rss_bytes(daemon.pid)
     with HealthProbe(daemon.socket) as probe:
         hostile = [raw(daemon.socket) for _ in range(SPREAD)]
         for s in hostile:
             pipeline(s, flood, stall_s=0.5)
         wait_rounds(probe, 300)
-        grown = daemon_rss(daemon.pid) - base
+        grown = procfs.rss_bytes(daemon.pid) - base
         st = _stats(daemon)
         for s in hostile:
             s.close()
@@ -129,7 +126,7 @@ def test_out_of_descriptors_backs_off_logs_once_and_recovers(start_daemon: Calla
     d = start_daemon("--max-bytes", "64M", "--busy-poll-us", "0")
     with HealthProbe(d.socket) as probe:
         _soft, hard = resource.prlimit(d.pid, resource.RLIMIT_NOFILE)
-        resource.prlimit(d.pid, resource.RLIMIT_NOFILE, (open_fds(d.pid) + FD_HEADROOM, hard))
+        resource.prlimit(d.pid, resource.RLIMIT_NOFILE, (procfs.open_fds(d.pid) + FD_HEADROOM, hard))
         hostile = []
         for _ in range(HOSTILE_CONNECTIONS):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -140,9 +137,9 @@ def test_out_of_descriptors_backs_off_logs_once_and_recovers(start_daemon: Calla
                 pass
             hostile.append(s)
         time.sleep(0.3)  # it has run out by now
-        cpu0, log0 = daemon_cpu_s(d.pid), d.log_path.stat().st_size
+        cpu0, log0 = procfs.cpu_seconds(d.pid), d.log_path.stat().st_size
         time.sleep(EMFILE_WINDOW_S)
-        cpu = daemon_cpu_s(d.pid) - cpu0
+        cpu = procfs.cpu_seconds(d.pid) - cpu0
         logged = d.log_path.stat().st_size - log0
         for s in hostile:
             s.close()
@@ -323,7 +320,7 @@ def test_a_frame_of_empty_arrays_is_refused_cheaply(daemon: Daemon) -> None:
     head = b"\x83\xa2op\xa4PING\xa2id\x05\xa1x" + b"\xdc" + EMPTY_ARRAYS.to_bytes(2, "big")
     body = head + inner * EMPTY_ARRAYS
     assert len(body) <= P.MAX_FRAME
-    peak = daemon_peak_rss(daemon.pid)
+    peak = procfs.peak_rss_bytes(daemon.pid)
     with HealthProbe(daemon.socket) as probe:
         s = raw(daemon.socket)
         hello(s, want_arena=False)
@@ -334,7 +331,7 @@ def test_a_frame_of_empty_arrays_is_refused_cheaply(daemon: Daemon) -> None:
         s.close()
         wait_rounds(probe)
     probe.assert_healthy()
-    grown = daemon_peak_rss(daemon.pid) - peak
+    grown = procfs.peak_rss_bytes(daemon.pid) - peak
     assert reply["ok"] is False and reply["error"] == "bad_request"
     assert took < REPLY_DEADLINE_S
     assert grown < RSS_GROWTH_MAX, f"daemon peak grew by {grown / MiB:.0f} MiB"
@@ -342,14 +339,14 @@ def test_a_frame_of_empty_arrays_is_refused_cheaply(daemon: Daemon) -> None:
 
 def test_parked_partial_frames_share_one_input_budget(daemon: Daemon) -> None:
     partial = P.HEADER.pack(PARKED_BODY) + b"\x00" * (PARKED_BODY - 1)  # one byte short
-    peak = daemon_peak_rss(daemon.pid)
+    peak = procfs.peak_rss_bytes(daemon.pid)
     with HealthProbe(daemon.socket) as probe:
         parked = []
         for _ in range(PARKED):
             s = raw(daemon.socket, timeout=10)
             pipeline(s, partial, stall_s=2.0)
             parked.append(s)
-        grown = daemon_peak_rss(daemon.pid) - peak
+        grown = procfs.peak_rss_bytes(daemon.pid) - peak
         # a legitimate big request still goes through: the stalest parked frame makes room
         keys = [i.to_bytes(8, "big") * 8 for i in range(P.MAX_BATCH)]  # 65,536 keys of 64 bytes
         with KvdClient(daemon.socket, namespace="big", want_arena=False, timeout=10) as c:

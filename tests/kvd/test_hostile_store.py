@@ -13,11 +13,12 @@ import urllib.request
 from collections.abc import Callable
 
 import pytest
-from hostile import HealthProbe, HoldingProbe, daemon_threads, frame, hello, raw, read_reply
+from hostile import HealthProbe, HoldingProbe, frame, hello, raw, read_reply
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import Daemon, free_port
+from infera.bench import procfs
 from infera.kvd import keyspace as ks
 from infera.kvd import metrics
 from infera.kvd import protocol as P
@@ -137,11 +138,11 @@ def test_idle_metrics_connections_are_bounded(start_daemon: Callable[..., Daemon
     port = free_port()
     d = start_daemon("--max-bytes", "64M", "--metrics-port", str(port))
     with HealthProbe(d.socket) as probe:
-        base = daemon_threads(d.pid)
+        base = procfs.threads(d.pid)
         opened = time.monotonic()
         idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(IDLE_CONNECTIONS)]
         time.sleep(0.3)
-        threads = daemon_threads(d.pid)
+        threads = procfs.threads(d.pid)
         assert threads <= base + EXTRA_THREADS, f"{threads} threads with idle scrapers (was {base})"
         t0 = time.monotonic()
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=SCRAPE_DEADLINE_S).read()
@@ -159,7 +160,7 @@ def test_idle_metrics_connections_are_bounded(start_daemon: Callable[..., Daemon
             except ConnectionResetError:
                 pass
             conn.close()
-        assert daemon_threads(d.pid) <= base + EXTRA_THREADS
+        assert procfs.threads(d.pid) <= base + EXTRA_THREADS
     probe.assert_healthy()
 
 

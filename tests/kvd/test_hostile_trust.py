@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import FakeDaemon, HealthProbe, hello_fds, raw, refused_start
+from hostile import FakeDaemon, HealthProbe, enough_rounds, hello_fds, raw, refused_start
 
 from helpers import Daemon
 from infera.errors import KvdError
@@ -33,27 +33,13 @@ from infera.kvd.client import (
     KvdUnavailable,
     KvdUntrusted,
 )
+from infera.kvd.process import wait_until
 from infera.kvd.protocol import default_socket_path
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second local user")
 F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 16)
 SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
-
-
-def wait_for(pred: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-def enough_rounds(probe: HealthProbe, rounds: int = 40) -> None:
-    wait_for(lambda: len(probe.latencies) >= rounds or probe.errors, 30, f"{rounds} healthy rounds")
 
 
 # -- item 1: nobody can resize the arena -----------------------------------------------------
@@ -88,9 +74,10 @@ def test_a_client_cannot_resize_the_arena_and_the_disk_tier_keeps_working(
         data = {b"long-%d" % i: os.urandom(256 << 10) for i in range(8)}
         for key, value in data.items():
             assert writer.put(key, value, retention="long")
-        wait_for(
+        wait_until(
             lambda: (s := writer.stats()["tiers"]["long"])["queued_writes"] == 0 and s["chunks"] >= 8,
-            what="8 chunks written through",
+            15,
+            "8 chunks written through",
         )
         assert {k: writer.get(k) for k in data} == data
         assert d.alive()
@@ -118,12 +105,18 @@ def test_a_short_arena_is_the_clients_own_error(short_tmp: Path) -> None:
 
 
 # -- item 3: the socket path and the listener are vetted -------------------------------------
-def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(short_tmp: Path) -> None:
+def start_over_a_planted_lock(short_tmp: Path, plant: Callable[[Path, str], None]) -> tuple[str, Path, Path]:
+    """A daemon start after ``plant(victim, SOCKET.lock)`` linked the lock file's name to a file
+    someone wants kept (``precious``): the refusal's stderr, the victim and the socket."""
     victim = short_tmp / "victim.txt"
     victim.write_text("precious\n")
     sock = short_tmp / "kvd.sock"
-    os.symlink(victim, str(sock) + ".lock")
-    err = refused_start(["--socket", str(sock), "--max-bytes", "8M"])
+    plant(victim, str(sock) + ".lock")
+    return refused_start(["--socket", str(sock), "--max-bytes", "8M"]), victim, sock
+
+
+def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(short_tmp: Path) -> None:
+    err, victim, sock = start_over_a_planted_lock(short_tmp, os.symlink)
     assert "symbolic link" in err
     assert victim.read_text() == "precious\n"
     assert os.path.islink(str(sock) + ".lock") and not sock.exists()
@@ -131,11 +124,7 @@ def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(short_tmp: Pa
 
 @needs_root
 def test_a_hard_linked_lock_file_is_refused(short_tmp: Path) -> None:
-    victim = short_tmp / "victim.txt"
-    victim.write_text("precious\n")
-    sock = short_tmp / "kvd.sock"
-    os.link(victim, str(sock) + ".lock")
-    err = refused_start(["--socket", str(sock), "--max-bytes", "8M"])
+    err, victim, _sock = start_over_a_planted_lock(short_tmp, os.link)
     assert "hard links" in err and victim.read_text() == "precious\n"
 
 
@@ -223,7 +212,7 @@ def test_the_client_refuses_a_fake_daemon_of_another_uid(
         with pytest.raises(KvdUntrusted, match=f"uid {NOBODY}") as info:
             KvdClient(path, namespace="root-secrets", timeout=5)
         assert TRUST_ENV in (info.value.hint or "")
-        wait_for(lambda: any(e["event"] == "closed" for e in fake.events), 10, "the fake to see the close")
+        wait_until(lambda: any(e["event"] == "closed" for e in fake.events), 10, "the fake to see the close")
         assert fake.bytes_received == 0 and fake.ops == []  # not even the HELLO
         monkeypatch.setenv(TRUST_ENV, "no-such-user-here")
         with pytest.raises(KvdClientError, match=f"{TRUST_ENV}: 'no-such-user-here'"):
@@ -237,7 +226,7 @@ def test_the_client_refuses_a_fake_daemon_of_another_uid(
         monkeypatch.delenv(TRUST_ENV)
         with KvdClient(path, timeout=5, trust_uids=[NOBODY]) as c:
             assert c.ping()
-        wait_for(lambda: "PUT" in fake.ops, 10, "the trusted PUT")
+        wait_until(lambda: "PUT" in fake.ops, 10, "the trusted PUT")
         assert fake.ops.count("HELLO") == 2
 
 

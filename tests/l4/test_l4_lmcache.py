@@ -6,9 +6,9 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
 
 import pytest
+from l4kit import long_stats, wait_long
 from services import LMCacheServer
 
 from helpers import Daemon
@@ -17,22 +17,6 @@ from infera.kvd.keyspace import lmcache_name
 from infera.kvd.tiers.lmcache import HEALTH, OK, PUT, REPLY, request
 
 pytestmark = pytest.mark.services
-
-
-def long_stats(d: Daemon) -> dict[str, Any]:
-    with d.client(want_arena=False) as c:
-        return c.stats()["tiers"]["long"]
-
-
-def wait_long(d: Daemon, pred: Callable[[dict[str, Any]], bool], timeout: float = 20.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        s = long_stats(d)
-        if pred(s):
-            return s
-        if time.monotonic() > deadline:
-            raise AssertionError(f"long tier never got there; last stats: {s}\nlog:\n{d.log()[-3000:]}")
-        time.sleep(0.1)
 
 
 def lm_daemon(start: Callable[..., Daemon], server: LMCacheServer, name: str) -> Daemon:

@@ -9,22 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from l4kit import wait_long
 from services import Etcd, MooncakeMaster, MooncakeStorageNode, Redis, Service
 
 from helpers import Daemon
 
 pytestmark = pytest.mark.services
-
-
-def wait_ready(d: Daemon, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        with d.client(want_arena=False) as c:
-            long = c.stats()["tiers"]["long"]
-        if long["state"] == "ready":
-            return
-        assert time.monotonic() < deadline, f"{long}\n{d.log()[-2000:]}"
-        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("mode", ["etcd", "p2p"])
@@ -47,8 +37,8 @@ def test_sharing_with_etcd_or_p2p_metadata(
     env = {"MC_TCP_BIND_ADDRESS": "127.0.0.1", "INFERA_KVD_MOONCAKE_METADATA": metadata}
     a = start_daemon(*args, name="a", env=env)
     b = start_daemon(*args, name="b", env=env)
-    wait_ready(a)
-    wait_ready(b)
+    wait_long(a, lambda s: s["state"] == "ready")
+    wait_long(b, lambda s: s["state"] == "ready")
     with a.client(namespace="m") as c:
         c.put(b"meta-key", b"z" * 70_000)
     deadline = time.monotonic() + 15

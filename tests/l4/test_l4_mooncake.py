@@ -10,9 +10,9 @@ import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
+from l4kit import long_stats, wait_long
 from services import MooncakeMaster, MooncakeStorageNode, Service
 
 from helpers import Daemon
@@ -23,22 +23,6 @@ pytestmark = pytest.mark.services
 
 MC_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}
 CHUNK = 256 << 10
-
-
-def long_stats(d: Daemon) -> dict[str, Any]:
-    with d.client(want_arena=False) as c:
-        return c.stats()["tiers"]["long"]
-
-
-def wait_long(d: Daemon, pred: Callable[[dict[str, Any]], bool], timeout: float = 20.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        s = long_stats(d)
-        if pred(s):
-            return s
-        if time.monotonic() > deadline:
-            raise AssertionError(f"long tier never got there; last stats: {s}\nlog:\n{d.log()[-3000:]}")
-        time.sleep(0.1)
 
 
 def mooncake_daemon(start: Callable[..., Daemon], master: MooncakeMaster, name: str, *extra: str) -> Daemon:
@@ -55,6 +39,14 @@ def mooncake_daemon(start: Callable[..., Daemon], master: MooncakeMaster, name: 
         name=name,
         env=MC_ENV,
     )
+
+
+def ready_pair(start: Callable[..., Daemon], master: MooncakeMaster) -> tuple[Daemon, Daemon]:
+    """Daemons ``a`` and ``b`` on one Mooncake cluster, each long tier ready."""
+    pair = (mooncake_daemon(start, master, "a"), mooncake_daemon(start, master, "b"))
+    for d in pair:
+        wait_long(d, lambda s: s["state"] == "ready")
+    return pair
 
 
 def payloads(n: int, tag: str) -> dict[bytes, bytes]:
@@ -89,10 +81,7 @@ def cluster(mooncake_master: MooncakeMaster, mooncake_node: MooncakeStorageNode)
 
 
 def test_two_daemons_share_chunks(cluster: MooncakeMaster, start_daemon: Callable[..., Daemon]) -> None:
-    a = mooncake_daemon(start_daemon, cluster, "a")
-    b = mooncake_daemon(start_daemon, cluster, "b")
-    for d in (a, b):
-        wait_long(d, lambda s: s["state"] == "ready")
+    a, b = ready_pair(start_daemon, cluster)
     data = payloads(4, "shared")
     put_all(a, data)
     s = wait_long(a, lambda s: s["chunks_written"] == 4 and s["queued_writes"] == 0)
@@ -136,10 +125,7 @@ def test_two_daemons_share_chunks(cluster: MooncakeMaster, start_daemon: Callabl
 def test_lookup_on_another_node_asks_the_store_once_and_stops_at_the_first_gap(
     cluster: MooncakeMaster, start_daemon: Callable[..., Daemon]
 ) -> None:
-    a = mooncake_daemon(start_daemon, cluster, "a")
-    b = mooncake_daemon(start_daemon, cluster, "b")
-    for d in (a, b):
-        wait_long(d, lambda s: s["state"] == "ready")
+    a, b = ready_pair(start_daemon, cluster)
     data = payloads(24, "prefix")
     keys = list(data)
     put_all(a, data)
@@ -211,10 +197,7 @@ def test_master_killed_and_restarted(
     services: Callable[[Service], Service],
     start_daemon: Callable[..., Daemon],
 ) -> None:
-    a = mooncake_daemon(start_daemon, cluster, "a")
-    b = mooncake_daemon(start_daemon, cluster, "b")
-    for d in (a, b):
-        wait_long(d, lambda s: s["state"] == "ready")
+    a, b = ready_pair(start_daemon, cluster)
     before = payloads(2, "before")
     put_all(a, before)
     wait_long(a, lambda s: s["chunks_written"] == 2)
@@ -306,10 +289,7 @@ def test_hung_master_never_stalls_the_daemon(
 ) -> None:
     """A stopped (SIGSTOP) master still accepts TCP connections but never answers: reads and
     existence checks must give up on their own, and later ones must not wait at all."""
-    a = mooncake_daemon(start_daemon, cluster, "a")
-    b = mooncake_daemon(start_daemon, cluster, "b")
-    for d in (a, b):
-        wait_long(d, lambda s: s["state"] == "ready")
+    a, b = ready_pair(start_daemon, cluster)
     data = payloads(3, "hung")
     put_all(a, data)
     wait_long(a, lambda s: s["chunks_written"] == 3)

@@ -21,9 +21,7 @@ A command of a kind this file does not know fails the test: a README change come
 from __future__ import annotations
 
 import os
-import pty
 import re
-import select
 import shlex
 import shutil
 import signal
@@ -35,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from helpers import in_pty, pty_quit, pty_read_until
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -248,40 +248,11 @@ def _check_engine(place: Place, prefix: list[str], cmd: str) -> None:
 
 def _check_top(place: Place, prefix: list[str], cmd: str, daemon_pid: int) -> None:
     """``kvd top`` in a pseudo-terminal: it must draw the daemon (its pid), then quit on ``q``."""
-    leader, follower = pty.openpty()
     env = clean_env(TERM="xterm-256color", COLUMNS="160", LINES="48")
-    proc = subprocess.Popen(
-        bash(place, prefix, cmd), cwd=place.clone, env=env, stdin=follower, stdout=follower, stderr=follower,
-        close_fds=True, start_new_session=True,
-    )  # fmt: skip
-    os.close(follower)
-    seen = b""
-    try:
-        deadline = time.monotonic() + 60
-        while f"pid {daemon_pid}".encode() not in seen and time.monotonic() < deadline:
-            if select.select([leader], [], [], 0.1)[0]:
-                try:
-                    seen += os.read(leader, 65536)
-                except OSError:
-                    break
-            if proc.poll() is not None:
-                break
-        assert f"pid {daemon_pid}".encode() in seen, seen[-1500:]
+    with in_pty(bash(place, prefix, cmd), env, new_session=True, cwd=place.clone) as (leader, proc):
+        seen = pty_read_until(leader, f"pid {daemon_pid}".encode(), timeout=60)
         assert b"Traceback" not in seen
-        os.write(leader, b"q")
-        deadline = time.monotonic() + 20
-        while proc.poll() is None and time.monotonic() < deadline:
-            if select.select([leader], [], [], 0.1)[0]:
-                try:
-                    os.read(leader, 65536)
-                except OSError:
-                    break
-        assert proc.wait(timeout=5) == 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        os.close(leader)
+        assert pty_quit(leader, proc, timeout=20) == 0
 
 
 def test_readme_turn_it_on_works_as_written(newcomer: Command1) -> None:

@@ -12,11 +12,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hostile import HealthProbe, fill_up, tmpfs, tree_snapshot
-from test_disk_tier import NS, disk_daemon, long_stats, wait_for, wait_ready
+from hostile import HealthProbe, enough_rounds, fill_up, tmpfs, tree_snapshot
+from test_disk_tier import NS, disk_daemon, long_stats, wait_ready
 
 from helpers import Daemon
 from infera.kvd import chunkfile as cf
+from infera.kvd.process import wait_until
 
 N = 100
 SIZE = 8 << 10  # 100 chunk files of 12 KiB fit a 2 MiB tmpfs once the filler is gone
@@ -26,16 +27,16 @@ def payloads(n: int = N, size: int = SIZE, prefix: str = "key") -> dict[bytes, b
     return {f"{prefix}-{i}".encode(): os.urandom(size) for i in range(n)}
 
 
-def wait_all_failed(c, n: int = N):  # type: ignore[no-untyped-def]
-    return wait_for(
+def put_onto_full_disk(c, data: dict[bytes, bytes], n: int = N):  # type: ignore[no-untyped-def]
+    """Put ``data`` as long chunks and wait until no write is queued and ``n`` have failed; returns
+    the long tier's stats then."""
+    for k, v in data.items():
+        assert c.put(k, v)
+    return wait_until(
         lambda: (s := long_stats(c))["queued_writes"] == 0 and s["failed_writes"] >= n and s,
-        what=f"{n} failed writes",
+        15,
+        f"{n} failed writes",
     )
-
-
-def enough_rounds(probe: HealthProbe, n: int = 40) -> None:
-    """Let the healthy client run long enough for its p99 to mean something."""
-    wait_for(lambda: len(probe.latencies) >= n or probe.errors, what=f"{n} healthy rounds")
 
 
 def read_back(d: Daemon, data: dict[bytes, bytes]) -> None:
@@ -58,17 +59,15 @@ def test_failed_writes_are_retried_once_space_is_back(
         d = disk_daemon(start_daemon, Path(mnt), "64M", "64M")
         data = payloads()
         with HealthProbe(d.socket) as probe, d.client(namespace=NS) as c:
-            for k, v in data.items():
-                assert c.put(k, v)
-            s = wait_all_failed(c)
+            s = put_onto_full_disk(c, data)
             assert s["files_written"] == 0 and s["unpersisted"] == N and s["state"] == "degraded"
-            wait_for(lambda: long_stats(c)["write_retries"] >= 1, what="a retry while the disk is full")
+            wait_until(lambda: long_stats(c)["write_retries"] >= 1, 15, "a retry while the disk is full")
             assert long_stats(c)["recovered_writes"] == 0
             os.unlink(filler)
-            s = wait_for(
+            s = wait_until(
                 lambda: (s := long_stats(c))["unpersisted"] == 0 and s["queued_writes"] == 0 and s,
-                timeout=20,
-                what="retries after space came back",
+                20,
+                "retries after space came back",
             )
             assert s["recovered_writes"] == N and s["chunks"] == N and s["state"] == "ready"
             assert all(c.get(k) == v for k, v in data.items())
@@ -89,9 +88,7 @@ def test_clean_stop_writes_chunks_whose_writes_failed(
         d = disk_daemon(start_daemon, Path(mnt), "64M", "64M", env={"INFERA_KVD_DISK_RETRY_S": "60"})
         data = payloads()
         with HealthProbe(d.socket) as probe, d.client(namespace=NS) as c:
-            for k, v in data.items():
-                assert c.put(k, v)
-            s = wait_all_failed(c)
+            s = put_onto_full_disk(c, data)
             assert s["unpersisted"] == N and s["write_retries"] == 0
             os.unlink(filler)
             enough_rounds(probe)
@@ -113,10 +110,8 @@ def test_clean_stop_on_a_full_disk_counts_and_says_what_is_lost(
         # a 1 MiB arena cannot hold 100 chunks of 16 KiB: the oldest unwritten ones are evicted
         d = disk_daemon(start_daemon, Path(mnt), "1M", "64M", env={"INFERA_KVD_DISK_RETRY_S": "60"})
         with HealthProbe(d.socket, size=4 << 10) as probe, d.client(namespace=NS) as c:
-            for k, v in payloads(size=16 << 10).items():
-                assert c.put(k, v)
-            s = wait_all_failed(c, n=1)
-            s = wait_for(lambda: (s := long_stats(c))["queued_writes"] == 0 and s, what="writes done")
+            s = put_onto_full_disk(c, payloads(size=16 << 10), n=1)
+            s = wait_until(lambda: (s := long_stats(c))["queued_writes"] == 0 and s, 15, "writes done")
             top = c.stats()
             evicted = top["long_unpersisted_evicted_total"]
             assert evicted > 0 and evicted == s["evicted_unwritten"]
@@ -292,15 +287,16 @@ def test_planted_symlinks_are_never_followed(start_daemon: Callable[..., Daemon]
             wait_ready(c)
             for k, v in data.items():
                 assert c.put(k, v)
-            s = wait_for(
+            s = wait_until(
                 lambda: (s := long_stats(c))["queued_writes"] == 0 and s["files_written"] >= 20 and s,
-                what="20 chunk files written",
+                15,
+                "20 chunk files written",
             )
             assert s["corrupt_chunks"] == 1
         with d.client(namespace=ns2) as c2:
             for i in range(5):
                 assert c2.put(f"ns2-{i}".encode(), b"n" * 5000)
-            wait_for(lambda: long_stats(c2)["failed_writes"] >= 5, what="writes into a planted link refused")
+            wait_until(lambda: long_stats(c2)["failed_writes"] >= 5, 15, "writes into a planted link refused")
             assert all(c2.get(f"ns2-{i}".encode()) == b"n" * 5000 for i in range(5)), "RAM keeps serving"
         enough_rounds(probe)
     probe.assert_healthy()

@@ -13,19 +13,9 @@ from typing import Any
 from helpers import Daemon
 from infera.kvd import chunkfile as cf
 from infera.kvd.client import KvdClient
+from infera.kvd.process import wait_until
 
 NS = "test-model|tp0"
-
-
-def wait_for(pred: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def long_stats(c: KvdClient) -> dict[str, Any]:
@@ -33,13 +23,14 @@ def long_stats(c: KvdClient) -> dict[str, Any]:
 
 
 def wait_ready(c: KvdClient) -> dict[str, Any]:
-    return wait_for(lambda: (s := long_stats(c))["state"] != "loading" and s, what="index loaded")
+    return wait_until(lambda: (s := long_stats(c))["state"] != "loading" and s, 15, "index loaded")
 
 
 def wait_written(c: KvdClient, files: int) -> dict[str, Any]:
-    return wait_for(
+    return wait_until(
         lambda: (s := long_stats(c))["queued_writes"] == 0 and s["chunks"] >= files and s,
-        what=f"{files} chunk files written",
+        15,
+        f"{files} chunk files written",
     )
 
 
@@ -67,14 +58,20 @@ def put_chunks(c: KvdClient, n: int, size: int, retention: str = "long") -> dict
     return data
 
 
+def on_disk(d: Daemon, n: int, size: int) -> dict[bytes, bytes]:
+    """Put ``n`` long chunks of ``size`` random bytes and wait until their files are written."""
+    with d.client(namespace=NS) as c:
+        data = put_chunks(c, n, size)
+        wait_written(c, n)
+    return data
+
+
 def test_kill_9_and_restart_returns_identical_bytes(
     start_daemon: Callable[..., Daemon], short_tmp: Path
 ) -> None:
     root = short_tmp / "long"
     d = disk_daemon(start_daemon, root)
-    with d.client(namespace=NS) as c:
-        data = put_chunks(c, 12, 256 << 10)
-        wait_written(c, 12)
+    data = on_disk(d, 12, 256 << 10)
     d.kill()
     d.start()
     with d.client(namespace=NS) as c:
@@ -129,7 +126,7 @@ def test_small_arena_spills_to_disk_and_reads_back(
             k, v = f"k{i}".encode(), os.urandom(512 << 10)
             assert c.put(k, v)
             data[k] = v
-            wait_for(lambda: long_stats(c)["queued_writes"] == 0, what="write queue drained")
+            wait_until(lambda: long_stats(c)["queued_writes"] == 0, 15, "write queue drained")
         assert all(c.get(k) == v for k, v in data.items())
         s = long_stats(c)
         assert s["hits"] > 0 and s["dropped_writes"] == 0 and s["evicted_unwritten"] == 0
@@ -140,9 +137,7 @@ def test_flipped_byte_is_a_counted_miss_and_quarantined(
 ) -> None:
     root = short_tmp / "long"
     d = disk_daemon(start_daemon, root)
-    with d.client(namespace=NS) as c:
-        data = put_chunks(c, 3, 64 << 10)
-        wait_written(c, 3)
+    data = on_disk(d, 3, 64 << 10)
     d.stop()
     victim = Path(cf.chunk_path(str(root), NS, b"key-1"))
     raw = bytearray(victim.read_bytes())
@@ -185,7 +180,7 @@ def test_enospc_keeps_serving_from_ram_and_says_why(
     d = disk_daemon(start_daemon, small_fs, "64M", "64M")
     with d.client(namespace=NS) as c:
         data = put_chunks(c, 8, 512 << 10)  # 4 MiB of long chunks onto a 2 MiB filesystem
-        s = wait_for(lambda: (s := long_stats(c))["queued_writes"] == 0 and s, what="writes done")
+        s = wait_until(lambda: (s := long_stats(c))["queued_writes"] == 0 and s, 15, "writes done")
         assert s["failed_writes"] >= 4 and s["state"] == "degraded"
         assert "No space left" in s["last_error"]
         assert all(c.get(k) == v for k, v in data.items()), "RAM must keep serving"
@@ -208,7 +203,7 @@ def test_long_bytes_holds_after_restart(start_daemon: Callable[..., Daemon], sho
     with d.client(namespace=NS) as c:
         s = wait_ready(c)
         assert s["bytes_used"] <= 4 << 20 and s["chunks"] == 3 and s["evicted_files"] == 7
-        wait_for(lambda: len(chunk_files(root)) == 3, what="evicted files unlinked")
+        wait_until(lambda: len(chunk_files(root)) == 3, 15, "evicted files unlinked")
         assert sum(p.stat().st_size for p in chunk_files(root)) == s["bytes_used"]
         kept = {k for k in mtime if c.lookup([k])}
         assert len(kept) == 3
@@ -224,7 +219,7 @@ def test_chunk_hot_in_ram_keeps_its_file(start_daemon: Callable[..., Daemon], sh
         c.put(b"hot", hot)
         for i in range(10):
             c.put(f"cold-{i}".encode(), os.urandom(1 << 20))
-            wait_for(lambda: long_stats(c)["queued_writes"] == 0, what="write queue drained")
+            wait_until(lambda: long_stats(c)["queued_writes"] == 0, 15, "write queue drained")
             assert c.get(b"hot") == hot  # keeps it the most recently used chunk in RAM
         s = long_stats(c)
         assert s["evicted_files"] >= 5 and s["chunks"] <= 5
@@ -265,15 +260,13 @@ def test_loading_state_and_lookup_while_loading(start_daemon: Callable[..., Daem
 def test_prewarm_pulls_chunks_into_ram(start_daemon: Callable[..., Daemon], short_tmp: Path) -> None:
     root = short_tmp / "long"
     d = disk_daemon(start_daemon, root)
-    with d.client(namespace=NS) as c:
-        data = put_chunks(c, 5, 100 << 10)
-        wait_written(c, 5)
+    data = on_disk(d, 5, 100 << 10)
     d.kill()
     d.start()
     with d.client(namespace=NS) as c:
         wait_ready(c)
         assert c.prewarm([*data, b"not-there"]) == 5
-        wait_for(lambda: c.stats()["chunks"] == 5, what="prewarmed chunks in RAM")
+        wait_until(lambda: c.stats()["chunks"] == 5, 15, "prewarmed chunks in RAM")
         assert all(c.get(k) == v for k, v in data.items())
         s = long_stats(c)
         assert s["prewarmed"] == 5 and s["hits"] == 0
@@ -286,7 +279,7 @@ def test_delete_removes_the_file(start_daemon: Callable[..., Daemon], short_tmp:
         put_chunks(c, 2, 1000)
         wait_written(c, 2)
         assert c.delete([b"key-0"]) == 1
-        wait_for(lambda: len(chunk_files(root)) == 1, what="file unlinked")
+        wait_until(lambda: len(chunk_files(root)) == 1, 15, "file unlinked")
         assert long_stats(c)["chunks"] == 1
 
 

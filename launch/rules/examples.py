@@ -1,0 +1,51 @@
+"""The right configurations and commands that several rules' docs pages show under "Use instead".
+
+A rule's docstring names one as ``{{NAME}}`` on a line of its own; :func:`expand` puts the fenced
+block in when the rule is registered, so each is written once and the pages cannot disagree about it.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+def _fenced(lang: str, text: str) -> str:
+    return f"```{lang}\n{text}\n```"
+
+
+EXAMPLES = {
+    # an engine on kvd: the connector with its role and module path
+    "KVD_ENGINE_SH": _fenced(
+        "sh",
+        "python -m infera.engine.vllm --model m \\\n"
+        """  --kv-transfer-config '{"kv_connector":"InferaKvdConnector","kv_role":"kv_both","""
+        """"kv_connector_module_path":"infera.engine.vllm.kvd_connector"}'""",
+    ),
+    # the same connector entry as JSON
+    "KVD_KTC_JSON": _fenced(
+        "json",
+        '{"kv_connector":"InferaKvdConnector","kv_role":"kv_both",\n'
+        ' "kv_connector_module_path":"infera.engine.vllm.kvd_connector"}',
+    ),
+    # a prefill leg: kvd as the cache tier, Mooncake as the transport to decode
+    "PREFILL_KTC_JSON": _fenced(
+        "json",
+        '{"kv_connector":"MultiConnector","kv_role":"kv_producer","kv_connector_extra_config":{"connectors":[\n'
+        '  {"kv_connector":"InferaKvdConnector","kv_role":"kv_both",'
+        '"kv_connector_module_path":"infera.engine.vllm.kvd_connector"},\n'
+        '  {"kv_connector":"MooncakeConnector","kv_role":"kv_producer"}]}}',
+    ),
+    # an engine reading L3 chunk files itself (GPU-direct) under the daemon's --long-path
+    "AIS_ENGINE_SH": _fenced(
+        "sh",
+        "INFERA_KVD_AIS=1 INFERA_KVD_HIPFILE_ROOTS=long=/nvme/kvd-long \\\n"
+        "INFERA_KVD_SOCKET=/var/run/infera-kvd.sock python -m infera.engine.vllm ...",
+    ),
+}
+
+_NAME = re.compile(r"^\{\{(\w+)\}\}$", re.M)
+
+
+def expand(doc: str) -> str:
+    """``doc`` with each ``{{NAME}}`` line replaced by ``EXAMPLES[NAME]``."""
+    return _NAME.sub(lambda m: EXAMPLES[m.group(1)], doc)
