@@ -115,9 +115,9 @@ def test_a_restart_during_a_step_waits_for_the_step(daemon: Any) -> None:
     w.close()
 
 
-def test_a_step_during_a_reconnect_recomputes_at_once(daemon: Any) -> None:
-    """While the watcher registers the new mapping (slow on a GPU: ~45 ms per GiB), a step does
-    not wait for it: its loads become load errors (vLLM recomputes), its saves are skipped."""
+def test_a_step_during_a_reconnect_waits_to_load_and_skips_its_saves(daemon: Any) -> None:
+    """While the watcher registers the new mapping (slow on a GPU: ~45 ms per GiB), a step's loads
+    wait for it (vLLM was promised those tokens) and its saves are skipped at once."""
     calls: list[str] = []
     registering = threading.Event()
     release = threading.Event()
@@ -132,11 +132,22 @@ def test_a_step_during_a_reconnect_recomputes_at_once(daemon: Any) -> None:
     daemon.restart()
     assert registering.wait(2)
     started = time.monotonic()
-    w.load(InferaKvdMetadata(loads=[RequestJob("r", [ChunkJob(b"\x02" * 16, [3, 4])])]))
     w.save(InferaKvdMetadata(saves=[RequestJob("r", [ChunkJob(b"\x03" * 16, [5, 6])])]))
     assert time.monotonic() - started < 0.5
-    assert w.take_load_errors() == {3, 4}
     assert w.counters["save_skipped_unavailable"] == 1
+    done = threading.Event()
+
+    def load() -> None:
+        w.load(InferaKvdMetadata(loads=[RequestJob("r", [ChunkJob(b"\x02" * 16, [3, 4])])]))
+        done.set()
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    assert not done.wait(0.3), "the load must wait for the registration"
     release.set()
-    wait_until(lambda: w.link.connected, 2.0)
+    assert done.wait(5)
+    loader.join()
+    assert w.link.connected
+    assert w.take_load_errors() == {3, 4}  # that chunk was never stored: a miss, after the wait
+    assert w.counters["load_failed_missing"] == 1
     w.close()

@@ -148,8 +148,12 @@ class WorkerHalf(GpuWorkerMixin):
             self.gpu.before_forward()
         if not meta.loads:
             return
-        with self.link.using() as usable:
-            if not usable:  # the link is reconnecting right now
+        # A load waits for a reconnect under way (the new arena's registration): the scheduler
+        # has already promised these tokens to vLLM. On the H200 a step that instead reported
+        # them as load errors while a 17.5 GiB arena registered got wrong greedy tokens from
+        # vLLM 0.26 (docs/gpu.md); waiting is what every earlier GPU run did, and was exact.
+        with self.link.using(wait=True) as usable:
+            if not usable:
                 self._fail_all(meta.loads)
                 return
             try:
