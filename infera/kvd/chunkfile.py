@@ -393,27 +393,14 @@ def ensure_dir(root: str, digest: bytes, key: bytes, namespace_text: str = "") -
 
 
 def write_small_file_at(dir_fd: int, name: str, data: bytes) -> None:
-    tmp = temp_name(name)
-    fd = os.open(tmp, _NEW_FILE, 0o644, dir_fd=dir_fd)
-    try:
-        _write_all(fd, [data])
-        os.close(fd)
-        fd = -1
-        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        _unlink_quietly(tmp, dir_fd)
-        raise
+    """Write ``data`` as ``name`` in ``dir_fd`` through a temporary name, with no sync: a
+    :func:`write_file_at` of ``data`` alone."""
+    write_file_at(dir_fd, name, data, b"", sync="none")
 
 
 def write_small_file(path: str, data: bytes) -> None:
-    d, name = os.path.split(path)
-    dfd = os.open(d or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        write_small_file_at(dfd, name, data)
-    finally:
-        os.close(dfd)
+    """:func:`write_small_file_at` by path (the directory of ``path`` must exist)."""
+    write_file(path, data, b"", sync="none")
 
 
 def _unlink_quietly(name: str, dir_fd: int) -> None:
