@@ -323,6 +323,15 @@ def temp_name(base: str) -> str:
     return f".{base}.{os.urandom(8).hex()}{TMP_SUFFIX}"
 
 
+def _skip_done(views: list[memoryview], n: int) -> None:
+    """Drop the first ``n`` bytes of ``views``, the ones a vectored read or write just moved."""
+    while views and n >= views[0].nbytes:
+        n -= views[0].nbytes
+        views.pop(0)
+    if views and n:
+        views[0] = views[0][n:]
+
+
 def _write_all(fd: int, bufs: list[Buffer]) -> int:
     views = [memoryview(b).cast("B") for b in bufs]
     views = [v for v in views if v.nbytes]
@@ -332,11 +341,7 @@ def _write_all(fd: int, bufs: list[Buffer]) -> int:
         if n <= 0:
             raise OSError(5, "short write")
         pos += n
-        while views and n >= views[0].nbytes:
-            n -= views[0].nbytes
-            views.pop(0)
-        if views and n:
-            views[0] = views[0][n:]
+        _skip_done(views, n)
     return pos
 
 
@@ -476,11 +481,7 @@ def _read_all(fd: int, bufs: list[memoryview]) -> int:
         if n <= 0:
             break
         pos += n
-        while views and n >= views[0].nbytes:
-            n -= views[0].nbytes
-            views.pop(0)
-        if views and n:
-            views[0] = views[0][n:]
+        _skip_done(views, n)
     return pos
 
 
