@@ -27,6 +27,14 @@ def needs_amd_gpu(ctx: Context) -> CheckResult | None:
     return skip(f"no AMD GPU here ({inv.describe()})")
 
 
+def needs_nvidia_gpu(ctx: Context) -> CheckResult | None:
+    """A skip result when there is no NVIDIA GPU (nor NVIDIA driver) to check, else None."""
+    inv = inventory(ctx)
+    if not inv.nvidia and not ctx.host.exists("/proc/driver/nvidia/version"):
+        return skip(f"no NVIDIA GPU here ({inv.describe()})")
+    return None
+
+
 def container_reason(ctx: Context) -> str | None:
     """Why host-only files cannot be trusted here, or None on a host."""
     info = detect(ctx)

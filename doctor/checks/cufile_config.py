@@ -16,13 +16,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from infera.doctor.checks import needs_nvidia_gpu
 from infera.doctor.context import Context
 from infera.doctor.facts.daemon import daemon as daemon_view
 from infera.doctor.facts.daemon import engine_clients
 from infera.doctor.facts.engines import scan
 from infera.doctor.facts.kernel import P2PDMA_SYMBOLS, config_option, kallsyms
 from infera.doctor.facts.nvidia import CUFILE_JSON, parse_cufile_json
-from infera.doctor.facts.pci import inventory
 from infera.doctor.model import CheckResult, Evidence, Status, skip, worst
 from infera.doctor.registry import check
 from infera.keyrules import AIS_ENV, ROOTS_ENV, gpu_direct_in_env
@@ -80,10 +80,10 @@ def _p2pdma_kernel(ctx: Context) -> bool | None:
 
 @check("cufile-config", "cuFile settings vs GPU-direct (nvidia_fs, cufile.json)", "nvidia", order=20)
 def cufile_config(ctx: Context) -> CheckResult:
+    early = needs_nvidia_gpu(ctx)
+    if early is not None:
+        return early
     h = ctx.host
-    inv = inventory(ctx)
-    if not inv.nvidia and not h.exists("/proc/driver/nvidia/version"):
-        return skip(f"no NVIDIA GPU here ({inv.describe()})")
     req = gpu_direct_request(ctx)
     ev = [Evidence("GPU-direct", "; ".join(req.where) or f"not requested ({AIS_ENV} unset or 0)", "note")]
     path = ctx.environ.get("CUFILE_ENV_PATH_JSON") or CUFILE_JSON

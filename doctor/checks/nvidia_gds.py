@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from infera.doctor.checks import needs_nvidia_gpu
 from infera.doctor.context import Context
 from infera.doctor.facts.nvidia import (
     CUFILE_JSON,
@@ -13,16 +14,17 @@ from infera.doctor.facts.nvidia import (
     truthy,
 )
 from infera.doctor.facts.pci import inventory
-from infera.doctor.model import CheckResult, Evidence, Status, skip, worst
+from infera.doctor.model import CheckResult, Evidence, Status, worst
 from infera.doctor.registry import check
 
 
 @check("nvidia-gds", "GPUDirect Storage (cuFile, nvidia-fs, KvikIO)", "nvidia", order=10)
 def nvidia_gds(ctx: Context) -> CheckResult:
+    early = needs_nvidia_gpu(ctx)
+    if early is not None:
+        return early
     h = ctx.host
     inv = inventory(ctx)
-    if not inv.nvidia and not h.exists("/proc/driver/nvidia/version"):
-        return skip(f"no NVIDIA GPU here ({inv.describe()})")
     ev: list[Evidence] = []
     findings: list[tuple[Status, str]] = []
     fixes: list[str] = []

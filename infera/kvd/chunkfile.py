@@ -323,6 +323,15 @@ def temp_name(base: str) -> str:
     return f".{base}.{os.urandom(8).hex()}{TMP_SUFFIX}"
 
 
+def _skip_done(views: list[memoryview], n: int) -> None:
+    """Drop the first ``n`` bytes of ``views``, the ones a vectored read or write just moved."""
+    while views and n >= views[0].nbytes:
+        n -= views[0].nbytes
+        views.pop(0)
+    if views and n:
+        views[0] = views[0][n:]
+
+
 def _write_all(fd: int, bufs: list[Buffer]) -> int:
     views = [memoryview(b).cast("B") for b in bufs]
     views = [v for v in views if v.nbytes]
@@ -332,11 +341,7 @@ def _write_all(fd: int, bufs: list[Buffer]) -> int:
         if n <= 0:
             raise OSError(5, "short write")
         pos += n
-        while views and n >= views[0].nbytes:
-            n -= views[0].nbytes
-            views.pop(0)
-        if views and n:
-            views[0] = views[0][n:]
+        _skip_done(views, n)
     return pos
 
 
@@ -393,27 +398,14 @@ def ensure_dir(root: str, digest: bytes, key: bytes, namespace_text: str = "") -
 
 
 def write_small_file_at(dir_fd: int, name: str, data: bytes) -> None:
-    tmp = temp_name(name)
-    fd = os.open(tmp, _NEW_FILE, 0o644, dir_fd=dir_fd)
-    try:
-        _write_all(fd, [data])
-        os.close(fd)
-        fd = -1
-        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        _unlink_quietly(tmp, dir_fd)
-        raise
+    """Write ``data`` as ``name`` in ``dir_fd`` through a temporary name, with no sync: a
+    :func:`write_file_at` of ``data`` alone."""
+    write_file_at(dir_fd, name, data, b"", sync="none")
 
 
 def write_small_file(path: str, data: bytes) -> None:
-    d, name = os.path.split(path)
-    dfd = os.open(d or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        write_small_file_at(dfd, name, data)
-    finally:
-        os.close(dfd)
+    """:func:`write_small_file_at` by path (the directory of ``path`` must exist)."""
+    write_file(path, data, b"", sync="none")
 
 
 def _unlink_quietly(name: str, dir_fd: int) -> None:
@@ -489,11 +481,7 @@ def _read_all(fd: int, bufs: list[memoryview]) -> int:
         if n <= 0:
             break
         pos += n
-        while views and n >= views[0].nbytes:
-            n -= views[0].nbytes
-            views.pop(0)
-        if views and n:
-            views[0] = views[0][n:]
+        _skip_done(views, n)
     return pos
 
 

@@ -290,6 +290,16 @@ class KvdClient:
             self._view = memoryview(self._map)
 
     # -- plumbing ---------------------------------------------------------------------------
+    def _take_replies(self, data: bytes) -> None:
+        """Add the whole frames in ``data``, just read from kvd, to the pending replies; no data
+        means kvd closed the connection."""
+        if not data:
+            raise KvdUnavailable(f"kvd at {self.socket_path} closed the connection")
+        try:
+            self._pending.extend(self._reader.feed(data))
+        except P.FrameTooLarge as exc:
+            raise KvdProtocolError(str(exc)) from None
+
     def _recv_frame(self, want_fds: bool) -> tuple[dict[str, Any], list[int]]:
         sock = self._sock
         if sock is None:
@@ -308,12 +318,7 @@ class KvdClient:
                     break
                 except OSError as exc:
                     raise KvdUnavailable(f"connection to kvd lost: {exc.strerror or exc}") from None
-                if not data:
-                    raise KvdUnavailable(f"kvd at {self.socket_path} closed the connection")
-                try:
-                    self._pending.extend(self._reader.feed(data))
-                except P.FrameTooLarge as exc:
-                    raise KvdProtocolError(str(exc)) from None
+                self._take_replies(data)
                 if self._pending:
                     break
         while not self._pending:
@@ -327,12 +332,7 @@ class KvdClient:
                 raise KvdUnavailable(f"kvd at {self.socket_path} did not answer in time") from None
             except OSError as exc:
                 raise KvdUnavailable(f"connection to kvd lost: {exc.strerror or exc}") from None
-            if not data:
-                raise KvdUnavailable(f"kvd at {self.socket_path} closed the connection")
-            try:
-                self._pending.extend(self._reader.feed(data))
-            except P.FrameTooLarge as exc:
-                raise KvdProtocolError(str(exc)) from None
+            self._take_replies(data)
         body = self._pending.pop(0)
         problem = ""
         try:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_keys import facts as tiny_llama_facts
 
 from infera.engine.vllm import keys as K
 from infera.engine.vllm.weights import hub_snapshot, weights_info
@@ -20,29 +21,8 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "namespace.md"
 
 
 def facts(**over: Any) -> K.EngineFacts:
-    base = K.EngineFacts(
-        model="/models/tiny",
-        model_type="llama",
-        num_layers=2,
-        total_kv_heads=2,
-        kv_heads_per_rank=2,
-        head_size=32,
-        use_mla=False,
-        dtype="bfloat16",
-        kv_cache_dtype="auto",
-        block_size=128,
-        hash_block_size=128,
-        bytes_per_token=512,
-        tp_size=1,
-        pp_size=1,
-        hash_algo="sha256",
-        hash_seed="fixed",
-        vllm_version="0.32",
-        platform="cpu",
-        weights="0123456789abcdef",
-        quantization="",
-    )
-    return dataclasses.replace(base, **over)
+    """test_keys' tiny Llama with a weights fingerprint, so that changing the weights shows."""
+    return tiny_llama_facts(**{"weights": "0123456789abcdef", **over})
 
 
 #: One change per documented item: the namespace of the changed facts must differ.
