@@ -35,6 +35,7 @@ LAYERS: dict[str, str] = {
     "infera.units": "contract",
     "infera.versions": "contract",
     "infera.keyrules": "contract",  # the one table of key rules tools and connector share
+    "infera.kvlayout": "contract",  # the kv_layout an engine declares at HELLO, rendered per namespace
     "infera.kvd.protocol": "contract",  # frames, HELLO, default socket path, arena mapping
     "infera.kvd.client": "contract",
     "infera.kvd.chunkfile": "contract",

@@ -209,6 +209,7 @@ class KvdClient:
         hash_settings: dict[str, Any] | None = None,
         hash_fingerprint: str | None = None,
         chunk_tokens: int | None = None,
+        kv_layout: dict[str, Any] | None = None,
         want_arena: bool = True,
         timeout: float | None = 30.0,
         spin_us: int | None = None,
@@ -250,6 +251,7 @@ class KvdClient:
             ("hash_settings", hash_settings),
             ("hash_fingerprint", hash_fingerprint),
             ("chunk_tokens", chunk_tokens),
+            ("kv_layout", kv_layout),
         ):
             if value is not None:
                 hello[field] = value

@@ -59,6 +59,7 @@ class Client:
             "hash_settings": info.get("hash_settings", {}),
             "hash_fingerprint": info.get("hash_fingerprint", ""),
             "chunk_tokens": info.get("chunk_tokens"),
+            "kv_layout": info.get("kv_layout"),
             "data_path": self.report.get(
                 "data_path", info.get("data_path", "arena" if self.arena_mapped else "none")
             ),

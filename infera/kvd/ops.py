@@ -11,7 +11,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from infera import __version__
+from infera import __version__, kvlayout
 from infera.kvd import protocol as P
 from infera.kvd.conn import BadRequest, Client, Reply
 
@@ -105,6 +105,11 @@ class Ops:
                 if not isinstance(value, typ):
                     raise BadRequest(f"{field!r} must be a {typ.__name__}")
                 info[field] = value
+        if msg.get(kvlayout.FIELD) is not None:
+            try:
+                info[kvlayout.FIELD] = kvlayout.check(msg[kvlayout.FIELD])
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from None
         client.info = info
         client.namespace = namespace
         try:

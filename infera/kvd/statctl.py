@@ -1,7 +1,9 @@
 """``python -m infera.kvd.statctl --socket S`` / ``kvd stat``: print a daemon's counters.
 
 Text output leads with the four counters the product doc tells users to check
-(``sets_total``, ``gets_total``, ``hits_total``, ``misses_total``); ``--json`` prints one JSON
+(``sets_total``, ``gets_total``, ``hits_total``, ``misses_total``), then the clients and, per
+namespace, what its engines declared of their KV layout (parallel sizes, KV cache groups and
+what each chunk stores of them) and why engines of one model do not share chunks; ``--json`` prints one JSON
 object whose keys are the counter names; ``--watch N`` repeats every N seconds. An unreachable
 socket is one line on stderr and exit status 1.
 """
@@ -14,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from infera import kvlayout
 from infera.units import format_size
 
 MAIN = ("sets_total", "gets_total", "hits_total", "misses_total", "evictions_total")
@@ -100,6 +103,7 @@ def render_text(stats: dict[str, Any], all_fields: bool = False) -> str:
             f"  pid {c.get('pid')} {c.get('name', '')} role={c.get('role', '')} "
             f"namespace={c.get('namespace') or '-'} path={path}"
         )
+    lines += kvlayout.render(clients)  # per namespace: layout and KV cache groups, and why apart
     for w in stats.get("warnings", []):
         lines.append(f"warning: {w}")
     return "\n".join(lines)
