@@ -84,6 +84,7 @@ def run_engine(
     timeout: float = 600,
     on_wait: Callable[[], None] | None = None,
     engine_kw: dict[str, Any] | None = None,
+    baseline_first: bool = False,
 ) -> EngineRun:
     """Run one engine process to the end. A ``wait_for_daemon`` step makes the runner drop a
     marker file and wait; ``on_wait`` (e.g. starting the daemon) is then called from here."""
@@ -92,6 +93,7 @@ def run_engine(
         "kv_transfer_config": kv_transfer_config or {**CONNECTOR, "kv_load_failure_policy": "recompute"},
         "steps": steps,
         "engine_kw": engine_kw or {},
+        "baseline_first": baseline_first,
     }
     fd, spec_path = tempfile.mkstemp(suffix=".json", dir=workdir)
     with os.fdopen(fd, "w") as fh:

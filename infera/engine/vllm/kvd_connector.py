@@ -9,6 +9,10 @@ and ``INFERA_KVD_SOCKET`` naming the daemon's socket. vLLM builds one instance p
 scheduler instance delegates to :class:`SchedulerHalf`, each worker instance to
 :class:`WorkerHalf`. vLLM imports this module by path, in the API-server process too, so
 importing it does no work beyond importing vLLM's base class.
+
+The connector supports vLLM's hybrid KV cache manager (``SupportsHMA``, every release we support),
+so vLLM keeps it on for sliding-window and other hybrid models: every KV cache group is offloaded
+with only the blocks vLLM reads (:mod:`infera.engine.vllm.groups`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    SupportsHMA,
 )
 
 from infera.engine.vllm import compat
@@ -57,7 +62,7 @@ except ImportError:  # pragma: no cover - older vLLM
     _HIT_SOURCE = None
 
 
-class InferaKvdConnector(KVConnectorBase_V1):
+class InferaKvdConnector(KVConnectorBase_V1, SupportsHMA):
     """Offloads prompt KV to the per-host kvd daemon and loads it back on a hit."""
 
     if _HIT_SOURCE is not None:
@@ -72,6 +77,11 @@ class InferaKvdConnector(KVConnectorBase_V1):
         rank, world = compat.rank_info(vllm_config)
         socket_path = env.socket or default_socket_path()
         blockers = compat.offload_blockers(vllm_config, kv_cache_config)
+        plan = compat.group_plan(vllm_config, kv_cache_config, ns.chunk_tokens)
+        self._plan = plan
+        failure = "blocks"
+        if plan.hybrid:
+            failure = "requests" if compat.can_fail_requests() else "none"
         self._scheduler: Any = None
         self._worker: Any = None
         if facts.hash_seed == "random" and role == KVConnectorRole.SCHEDULER:
@@ -88,6 +98,7 @@ class InferaKvdConnector(KVConnectorBase_V1):
             name=f"vllm:{os.path.basename(facts.model.rstrip('/'))}",
             model=facts.model,
             want_arena=role != KVConnectorRole.SCHEDULER,
+            kv_layout=_kv_layout(vllm_config, facts, plan, rank, failure),
         )
         if role == KVConnectorRole.SCHEDULER:
             from infera.engine.vllm.scheduler.half import SchedulerHalf
@@ -96,6 +107,16 @@ class InferaKvdConnector(KVConnectorBase_V1):
             if blockers:
                 reason = "; ".join(f"{b.name}: {b.reason}" for b in blockers)
                 log.warning("infera-kvd: no lookups or saves for this engine (%s)", reason)
+            elif plan.hybrid:
+                log.info(
+                    "infera-kvd: %d KV cache groups (the hybrid KV cache manager is on): %s; load "
+                    "failures reach vLLM %s",
+                    len(plan.groups),
+                    plan.summary(),
+                    "per request (asynchronous loads)"
+                    if failure == "requests"
+                    else "not at all before vLLM 0.30 (lookups make sure chunks are in RAM and held)",
+                )
             self._scheduler = SchedulerHalf(
                 ns,
                 block_size=facts.block_size,
@@ -103,6 +124,8 @@ class InferaKvdConnector(KVConnectorBase_V1):
                 ranks=1 if facts.replicated else world,
                 link=link,
                 disabled_reason=reason,
+                plan=plan,
+                failure=failure,
             )
             policy = getattr(self._kv_transfer_config, "kv_load_failure_policy", "recompute")
             if policy == "fail":
@@ -131,6 +154,8 @@ class InferaKvdConnector(KVConnectorBase_V1):
                 blockers=blockers,
                 num_blocks=block_count(kv_cache_config),
                 block_size=facts.block_size,
+                plan=plan,
+                failure=failure,
             )
 
     # -- properties vLLM asks about -----------------------------------------------------------
@@ -142,6 +167,11 @@ class InferaKvdConnector(KVConnectorBase_V1):
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
         return None
+
+    @property
+    def supports_divergent_local_hybrid_hits(self) -> bool:
+        """No: a hit restores attention KV only, never a lagging recurrent state (vLLM 0.28+)."""
+        return False
 
     # -- worker side ---------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -165,7 +195,22 @@ class InferaKvdConnector(KVConnectorBase_V1):
             self._worker.save(meta)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        return None, None
+        """Saves never outlive their step; asynchronous loads (hybrid models) end in the step
+        that ran them."""
+        if self._worker is None:
+            return None, None
+        done, _failed = self._worker.take_finished_loads()
+        return None, done or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        """vLLM 0.30+: as get_finished, with failed loads (a hybrid model recomputes the request)."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+
+        done: set[str] = set()
+        failed: set[str] = set()
+        if self._worker is not None:
+            done, failed = self._worker.take_finished_loads()
+        return KVConnectorTransferResults(finished_recving=done, failed_recving=failed)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.take_load_errors() if self._worker is not None else set()
@@ -199,7 +244,49 @@ class InferaKvdConnector(KVConnectorBase_V1):
         meta: KVConnectorMetadata = self._scheduler.build_meta(scheduler_output)
         return meta
 
+    def update_connector_output(self, connector_output: Any) -> None:
+        failed = getattr(connector_output, "failed_recving", None)
+        if self._scheduler is not None and failed:
+            self._scheduler.load_failed(failed)
+
+    def get_loaded_kv_cache_group_ids(self, request: Any) -> tuple[int, ...]:
+        """vLLM 0.32+: a load writes every offloaded group's blocks (and a hit is only offered when
+        every group the model reads is offloaded)."""
+        return self._plan.group_ids
+
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         if self._scheduler is not None:
             self._scheduler.finished(request)
         return False, None
+
+    def request_finished_all_groups(
+        self, request: Any, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """SupportsHMA: saves finish inside their step, so no group's blocks are kept."""
+        if self._scheduler is not None:
+            self._scheduler.finished(request)
+        return False, None
+
+
+def _kv_layout(vllm_config: Any, facts: Any, plan: Any, rank: int, failure: str) -> dict[str, Any]:
+    """What ``kvd stat`` and ``kvd doctor`` show of this engine's KV layout (HELLO ``kv_layout``,
+    bounded by :mod:`infera.kvlayout`)."""
+    sc = getattr(vllm_config, "scheduler_config", None)
+    hma = getattr(sc, "disable_hybrid_kv_cache_manager", None)
+    out: dict[str, Any] = {
+        "tp": facts.tp_size,
+        "pp": facts.pp_size,
+        "rank": rank,
+        "dtype": facts.dtype,
+        "kv_dtype": facts.kv_cache_dtype,
+        "block_size": facts.block_size,
+        "mla": facts.use_mla,
+        "vllm": facts.vllm_version,
+        "groups": plan.to_wire()[:64],
+        "load_failures": {"blocks": "block ids", "requests": "failed requests", "none": "not reported"}[
+            failure
+        ],
+    }
+    if hma is not None:
+        out["hma"] = not bool(hma)
+    return out

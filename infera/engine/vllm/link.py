@@ -58,6 +58,7 @@ class DaemonLink:
         name: str,
         model: str,
         want_arena: bool,
+        kv_layout: dict[str, Any] | None = None,
         retry_initial_s: float = 1.0,
         retry_max_s: float = 15.0,
         retry_every_s: float = 0.25,
@@ -73,6 +74,7 @@ class DaemonLink:
         self.name = name
         self.model = model
         self.want_arena = want_arena
+        self.kv_layout = kv_layout
         self.retry_initial_s = retry_initial_s
         self.retry_max_s = retry_max_s
         self.retry_every_s = retry_every_s
@@ -177,6 +179,7 @@ class DaemonLink:
                 hash_settings=self.namespace.hash_settings,
                 hash_fingerprint=self.namespace.hash_fingerprint,
                 chunk_tokens=self.namespace.chunk_tokens,
+                kv_layout=self.kv_layout,
                 want_arena=self.want_arena,
                 timeout=self.timeout_s,
             )

@@ -1,7 +1,8 @@
 """What the scheduler half sends the worker half each step (pickled across processes).
 
 Workers never see block hashes or requests: each job is a list of chunks, each chunk its hash
-(the worker adds its rank and the namespace to make the key) and the block ids it covers.
+(the worker adds its rank, the namespace and the group's tag to make the key), its KV cache
+group and the block ids of that group it covers.
 """
 
 from __future__ import annotations
@@ -30,13 +31,20 @@ class ChunkJob:
     block_ids: list[int]
     skip: int = 0
     stop: int | None = None
+    group: int = 0
 
 
 @dataclass
 class RequestJob:
+    """``notify``: an asynchronous load (hybrid models, vLLM 0.30+): the workers report the
+    request's load as finished, or failed, to vLLM. ``fail``: the load could not be planned; it
+    fails without reading anything."""
+
     req_id: str
     chunks: list[ChunkJob]
     retention: str = "long"
+    notify: bool = False
+    fail: bool = False
 
 
 @dataclass
