@@ -11,6 +11,7 @@ two engines on one host are. Usage: ``python engine_runner.py SPEC.json``, where
                {"op": "noise", "name": "p1", "prompt": [ids], "kinds": ["sliding"] | null},
                {"op": "keys", "name": "p1", "prompt": [ids]},
                {"op": "restart", "name": "with-connector"},
+               {"op": "signal", "path": FILE}, {"op": "wait_file", "path": FILE},
                {"op": "statctl", "name": "stats"},
                {"op": "wait_for_daemon"}, {"op": "sleep", "seconds": 1.5}]}
 
@@ -196,6 +197,15 @@ def main() -> None:
                 check=True,
             )
             res["text"] = text.stdout
+        elif op == "signal":  # tell the test this engine got here (it may run another engine now)
+            with open(step["path"], "w") as fh:
+                fh.write("ready\n")
+        elif op == "wait_file":  # stay up, connected, until the test says so
+            deadline = time.monotonic() + step.get("timeout", 600)
+            while not os.path.exists(step["path"]):
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"no {step['path']} within {step.get('timeout', 600)} s")
+                time.sleep(0.1)
         elif op == "sleep":
             time.sleep(step.get("seconds", 1.0))
         elif op == "wait_for_daemon":
