@@ -219,6 +219,12 @@ def gpu_e2e(
     native_cpu_gb: float = typer.Option(8.0, "--native-cpu-gb", help="cpu_bytes_to_use of vLLM's connector."),
     timeout: float = typer.Option(420.0, "--timeout", help="Seconds allowed per engine process."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    gemma3_sizes: str = typer.Option(
+        "16384",
+        "--gemma3-sizes",
+        help="Prompt lengths of the Gemma-3-12B-shaped hybrid rows (sliding-window layers, vLLM's "
+        "hybrid KV cache manager on); empty for none.",
+    ),
 ) -> None:
     """TTFT on a GPU with vLLM: recompute, vLLM native CPU hit, kvd RAM/cross-engine/disk hits, GPU hit."""
     from infera.bench.gpu_e2e import run_gpu_e2e
@@ -235,6 +241,7 @@ def gpu_e2e(
         native_cpu_gb=native_cpu_gb,
         timeout=timeout,
         json_out=json_out,
+        gemma3_sizes=gemma3_sizes,
     )
 
 

@@ -2,7 +2,9 @@
 CPU offloading, all measured in one run.
 
 Rows, per prompt length (default 4k and 16k tokens), for a Llama-3.1-8B-shaped model with dummy
-weights in bf16:
+weights in bf16, and (``--gemma3-sizes``, default 16k) for a Gemma-3-12B-shaped one, the hybrid
+row set: five 1,024-token sliding-window layers per global one, vLLM's hybrid KV cache manager on
+for both connectors (each engine reports it; the summary says so per role), no disk rows:
 
 | row | how |
 |---|---|
@@ -18,8 +20,10 @@ to recompute and to the native CPU hit; the effective load bandwidth of a hit is
 loaded over its TTFT minus the warm-hit TTFT, next to the pinned host-to-device ceiling measured
 at the start of the run, and the worker's own DMA rate.
 
-Correctness: the same processes first run a small Llama with real (random-initialised, saved)
-weights, greedy, several output tokens: every hit case must give recompute's tokens.
+Correctness: the same processes first run a small Llama and a small Gemma-3-style model (a
+200-token window, so chunks store only the window's tail of the sliding groups) with real
+(random-initialised, saved) weights, greedy, several output tokens: every hit case must give
+recompute's tokens.
 
 Processes: ``native`` (one engine per model), ``kvd-a`` (stores, same-engine hits), ``kvd-b``
 (cross-engine hits; then the orchestrator restarts the daemon and drops the page cache; then disk
@@ -74,8 +78,88 @@ SMALL = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "
 SMALL.update(num_key_value_heads=2, head_dim=32, vocab_size=4096)
 
 
+#: Gemma-3-12B's text model (google/gemma-3-12b-it's text_config): 48 layers, 5 local (1,024-token
+#: window) per global, 8 KV heads of 256. Built with the installed transformers' Gemma3TextConfig.
+GEMMA3_12B = {
+    "hidden_size": 3840,
+    "intermediate_size": 15360,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 256,
+    "sliding_window": 1024,
+    "query_pre_attn_scalar": 256,
+    "vocab_size": 262208,
+    "max_position_embeddings": 131072,
+}
+GEMMA3_SMALL = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "sliding_window": 200,
+    "query_pre_attn_scalar": 32,
+    "vocab_size": 4096,
+    "max_position_embeddings": 32768,
+}
+SLIDING_PATTERN = 6
+
+
 def _kv_bytes_per_token(cfg: dict[str, Any], elem: int = 2) -> int:
     return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * elem
+
+
+def _hybrid_bytes(cfg: dict[str, Any], elem: int = 2) -> dict[str, Any]:
+    """KV bytes per token of the global layers, of the sliding ones, and the window: a hit of n
+    tokens loads n tokens of the first and min(n, window) of the second."""
+    types = cfg.get("layer_types") or []
+    n_sliding = sum(t == "sliding_attention" for t in types)
+    per_layer = 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * elem
+    return {
+        "bytes_per_token": (cfg["num_hidden_layers"] - n_sliding) * per_layer,
+        "window_bytes_per_token": n_sliding * per_layer,
+        "window": cfg["sliding_window"],
+    }
+
+
+def loaded_bytes(model: dict[str, Any], tokens: float) -> float:
+    """KV bytes a hit of ``tokens`` tokens brings back (sliding layers: their window only)."""
+    out = tokens * model["bytes_per_token"]
+    if model.get("window"):
+        out += min(tokens, model["window"]) * model.get("window_bytes_per_token", 0)
+    return out
+
+
+def build_gemma3_model(path: Path, dims: dict[str, Any], weights: bool = False) -> dict[str, Any]:
+    """A Gemma-3-shaped text model (``Gemma3ForCausalLM``): its config (dummy weights) or, with
+    ``weights``, random-initialised saved weights (the token check). The config comes from the
+    installed transformers, so the file is in the format that version (and vLLM) reads."""
+    from transformers import Gemma3TextConfig
+
+    cfg = Gemma3TextConfig(
+        **dims,
+        sliding_window_pattern=SLIDING_PATTERN,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=2,
+        eos_token_id=1,
+        pad_token_id=0,
+        initializer_range=0.02,  # Gemma scales embeddings by sqrt(hidden): keep greedy output varied
+        torch_dtype="bfloat16",
+    )
+    cfg.architectures = ["Gemma3ForCausalLM"]
+    path.mkdir(parents=True, exist_ok=True)
+    if weights:
+        import torch
+        from transformers import Gemma3ForCausalLM
+
+        torch.manual_seed(0)
+        Gemma3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
+    else:
+        cfg.save_pretrained(path)
+    return json.loads((path / "config.json").read_text())
 
 
 def build_timing_model(path: Path, small: bool) -> dict[str, Any]:
@@ -235,7 +319,7 @@ def summarize(
                     cached = statistics.median(s.get("cached", 0) for s in samples)
                     row["cached_tokens"] = cached
                     if ms and floor and ms > floor:
-                        row["load_gbps"] = cached * m["bytes_per_token"] / ((ms - floor) / 1000) / 1e9
+                        row["load_gbps"] = loaded_bytes(m, cached) / ((ms - floor) / 1000) / 1e9
                     dma = [s for s in samples if s.get("load_dma_us")]
                     if dma:
                         row["dma_gbps"] = statistics.median(
@@ -250,7 +334,13 @@ def summarize(
                 if name == "recompute" and samples:
                     row["tokens_match"] = bool(ref) and all(s.get("tokens") == ref for s in samples)
                 rows.append(row)
+            hma = {
+                r.get("role"): r.get("hma")
+                for r in records
+                if r["_kind"] == "INFO" and r.get("model") == m["name"] and "hma" in r
+            }
             extra = {
+                "hybrid_manager": hma or None,
                 "native_store_ms": (nat.get("store") or {}).get("ms"),
                 "kvd_store_ms": (a.get("store") or {}).get("ms"),
                 "seal_wait_s": a.get("seal_wait_s"),
@@ -296,6 +386,12 @@ def render(summary: dict[str, Any]) -> str:
                 f"{max(dma) / ceil:.2f} of the ceiling; GB/s>warm: KV bytes over (TTFT - warm TTFT), "
                 "above the link when the loads overlap the step's CPU work"
             )
+        hma = block.get("hybrid_manager")
+        if hma:
+            lines.append(
+                "  hybrid KV cache manager: "
+                + ", ".join(f"{'on' if on else 'OFF'} for {role}" for role, on in sorted(hma.items()))
+            )
         extras = [
             f"{k} {v:.1f}"
             for k, v in block.items()
@@ -316,50 +412,44 @@ def run_gpu_e2e(
     native_cpu_gb: float = 8.0,
     timeout: float = 420.0,
     json_out: bool = False,
+    gemma3_sizes: str = "16384",
 ) -> dict[str, Any]:
     python = python or sys.executable
-    try:
-        lengths = [int(s) for s in sizes.split(",") if s.strip()]
-    except ValueError:
-        raise UsageError(f"--sizes {sizes!r} must be comma-separated token counts") from None
-    if not lengths or min(lengths) < 512:
+    lengths = _sizes("--sizes", sizes)
+    if not lengths:
         raise UsageError("--sizes needs prompt lengths of at least 512 tokens")
+    hybrid = _sizes("--gemma3-sizes", gemma3_sizes)
     workdir = Path(tempfile.mkdtemp(prefix="kvd-e2e-", dir="/tmp"))
     logdir = Path(out) if out else workdir
     logdir.mkdir(parents=True, exist_ok=True)
     try:
-        return _run(python, lengths, repeat, small, check, workdir, logdir, native_cpu_gb, timeout, json_out)
+        return _run(
+            python, lengths, repeat, small, check, workdir, logdir, native_cpu_gb, timeout, json_out, hybrid
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run(
-    python: str,
-    lengths: list[int],
-    repeat: int,
-    small: bool,
-    check: bool,
-    workdir: Path,
-    logdir: Path,
-    native_cpu_gb: float,
-    timeout: float,
-    json_out: bool,
-) -> dict[str, Any]:
-    models: list[dict[str, Any]] = []
-    ceiling = None
+def _sizes(flag: str, text: str) -> list[int]:
     try:
-        import torch
+        out = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} {text!r} must be comma-separated token counts") from None
+    if out and min(out) < 512:
+        raise UsageError(f"{flag} needs prompt lengths of at least 512 tokens")
+    return out
 
-        if torch.cuda.is_available():
-            from infera.bench.transfer import pinned_ceiling
 
-            ceiling = pinned_ceiling(torch.device("cuda"), size=1 << 30)[0]
-    except ImportError:
-        pass
+def build_models(
+    workdir: Path, lengths: list[int], small: bool, check: bool, hybrid: list[int]
+) -> list[dict[str, Any]]:
+    """The spec's models: the token-check ones (real random weights), the Llama timing model and,
+    with ``hybrid`` sizes, the Gemma-3-shaped one."""
+    models: list[dict[str, Any]] = []
+    # k whole chunks (256 tokens here) + 1: every hit kind computes exactly one token
+    check_sizes = [513, 1025] if small else [1025, 2817]
     if check:
         cfg = build_check_model(workdir / "check", small)
-        # k whole chunks (256 tokens here) + 1: every hit kind computes exactly one token
-        check_sizes = [513, 1025] if small else [1025, 2817]
         models.append(
             {
                 "name": "check: Llama, real random weights",
@@ -374,6 +464,23 @@ def _run(
                 "native_cpu_bytes": 1 << 30,
             }
         )
+        if hybrid:
+            cfg = build_gemma3_model(workdir / "check-gemma3", GEMMA3_SMALL, weights=True)
+            models.append(
+                {
+                    "name": "check: Gemma-3-style, real random weights",
+                    "path": str(workdir / "check-gemma3"),
+                    "max_model_len": 4096,
+                    "max_num_batched_tokens": 4096,
+                    "sizes": check_sizes,
+                    "max_tokens": 8,
+                    "vocab": cfg["vocab_size"],
+                    **_hybrid_bytes(cfg),
+                    "gpu_memory_utilization": 0.1,
+                    "native_cpu_bytes": 1 << 30,
+                    "disk": False,
+                }
+            )
     cfg = build_timing_model(workdir / "timing", small)
     max_len = max(lengths)
     models.append(
@@ -390,12 +497,77 @@ def _run(
             "gpu_memory_utilization": 0.3,
         }
     )
-    need = sum((repeat + 2) * n * m["bytes_per_token"] for m in models for n in m["sizes"])
-    arena = int(need * 1.3) + (1 << 30)
+    if hybrid:
+        dims = dict(GEMMA3_SMALL if small else GEMMA3_12B)
+        dims["max_position_embeddings"] = max(dims["max_position_embeddings"], max(hybrid) + 512)
+        cfg = build_gemma3_model(workdir / "timing-gemma3", dims)
+        models.append(
+            {
+                "name": "Gemma-3-12B shape, dummy weights" if not small else "small Gemma-3, dummy weights",
+                "path": str(workdir / "timing-gemma3"),
+                "load_format": "dummy",
+                "max_model_len": max(hybrid) + 512,
+                "max_num_batched_tokens": max(max(hybrid), 2048),
+                "sizes": hybrid,
+                "max_tokens": 1,
+                "vocab": cfg["vocab_size"],
+                **_hybrid_bytes(cfg),
+                # every engine of a process keeps its models alive: 0.1 + 0.1 + 0.3 + 0.35
+                "gpu_memory_utilization": 0.35,
+                # vLLM's CPU tier keeps the sliding groups' blocks too: room for two prompts
+                "native_cpu_bytes": int(2.5 * max(hybrid) * _kv_bytes_per_token(cfg)),
+                "disk": False,
+            }
+        )
+    return models
+
+
+def _run(
+    python: str,
+    lengths: list[int],
+    repeat: int,
+    small: bool,
+    check: bool,
+    workdir: Path,
+    logdir: Path,
+    native_cpu_gb: float,
+    timeout: float,
+    json_out: bool,
+    hybrid: list[int],
+) -> dict[str, Any]:
+    ceiling = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            from infera.bench.transfer import pinned_ceiling
+
+            ceiling = pinned_ceiling(torch.device("cuda"), size=1 << 30)[0]
+    except ImportError:
+        pass
+    models = build_models(workdir, lengths, small, check, hybrid)
+
+    # what the daemon keeps: every stored prompt (a hybrid model's chunks store each sliding
+    # group's whole chunks when the window is longer than a chunk, so count full-length KV);
+    # models without disk rows store in RAM only (retention short): no long-tier room for them
+    def need(m: dict[str, Any], n: int) -> int:
+        per = m["bytes_per_token"] + m.get("window_bytes_per_token", 0)
+        return (repeat + 2 if m.get("disk", True) else 2) * n * per
+
+    ram = sum(need(m, n) for m in models for n in m["sizes"])
+    disk = sum(need(m, n) for m in models for n in m["sizes"] if m.get("disk", True))
+    arena = int(ram * 1.3) + (1 << 30)
     long_path = workdir / "long"
     daemon = DaemonProcess(
         str(workdir / "kvd.sock"),
-        ["--max-bytes", str(arena), "--long-path", str(long_path), "--long-bytes", str(int(arena * 1.5))],
+        [
+            "--max-bytes",
+            str(arena),
+            "--long-path",
+            str(long_path),
+            "--long-bytes",
+            str(int((disk * 1.3 + (1 << 30)) * 1.5)),
+        ],
         workdir / "daemon.log",
         python=python,
         log_level="info",

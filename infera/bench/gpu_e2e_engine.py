@@ -12,7 +12,9 @@
   hits of the main prompt; then it prints ``RESTART`` and waits for ``GO`` on stdin while the
   orchestrator restarts the daemon (page cache dropped); then one disk hit per disk prompt.
 
-Each model of the spec (a small real-weight one for correctness, the timing one) gets its own
+A model with ``"disk": false`` (the Gemma-3 rows) is stored in RAM only and has no disk rows.
+
+Each model of the spec (small real-weight ones for correctness, the timing ones) gets its own
 ``LLM``, created in turn and kept alive. Before measuring, every engine serves a 512-token prompt
 twice (the second time a GPU hit) and one prompt of each length (first-shape warm-up). Time to
 first token is the wall time of ``generate`` for ``max_tokens`` tokens (1 for timing models).
@@ -83,7 +85,9 @@ class Engine:
         started = time.perf_counter()
         self.llm = LLM(**kw)
         self.start_s = time.perf_counter() - started
-        emit("INFO", model=model["name"], role=role, engine_start_s=round(self.start_s, 1))
+        vc = self.llm.llm_engine.vllm_config
+        hma = not bool(getattr(vc.scheduler_config, "disable_hybrid_kv_cache_manager", False))
+        emit("INFO", model=model["name"], role=role, engine_start_s=round(self.start_s, 1), hma=hma)
 
     def gen(self, ids: list[int], retention: str | None = None) -> dict[str, Any]:
         from vllm.inputs import TokensPrompt
@@ -204,15 +208,16 @@ def run(spec: dict[str, Any], role: str) -> None:
                 e.poke()
                 out["hit"] = [timed_hit(e, P) for _ in range(R)]
             elif role == "kvd-a":
+                on_disk = bool(model.get("disk", True))
                 out["recompute"] = []
                 for _ in range(R):
                     e.reset()
                     out["recompute"].append(e.gen(P, "none"))
                 e.reset()
-                out["store"] = e.gen(P, "long")
+                out["store"] = e.gen(P, "long" if on_disk else "short")  # no disk rows: RAM only
                 out["warm"] = [e.gen(P) for _ in range(R)]
                 out["disk_store"], out["disk_warm"] = [], []
-                for i in range(R):
+                for i in range(R if on_disk else 0):
                     e.reset()
                     out["disk_store"].append(e.gen(prompt(f"disk{i}", n, v), "long"))
                     out["disk_warm"].append(e.gen(prompt(f"disk{i}", n, v)))
@@ -233,6 +238,8 @@ def run(spec: dict[str, Any], role: str) -> None:
         e.reset()
         e.gen(prompt(f"reconnect-{time.time_ns()}", 512, v), "long")
         e.poke()
+        if not e.model.get("disk", True):
+            continue
         for n in e.model["sizes"]:
             disk = [timed_hit(e, prompt(f"disk{i}", n, v)) for i in range(R)]
             emit("RESULT", model=e.model["name"], role="kvd-disk", tokens=n, disk=disk)

@@ -78,3 +78,23 @@ def test_recompute_may_differ_in_the_last_bits_and_is_only_marked() -> None:
     assert rows["kvd RAM hit, same engine"]["tokens_match"] is True
     text = render(out)
     assert "differs*" in text and "DIFFER" not in text
+
+
+def test_hybrid_rows_say_the_manager_is_on_and_count_only_the_window() -> None:
+    model = {
+        "name": "m",
+        "sizes": [1025],
+        "bytes_per_token": 1 << 20,
+        "window": 512,
+        "window_bytes_per_token": 1 << 20,
+    }
+    recs = records([1, 2], [7, 8]) + [
+        {"_kind": "INFO", "model": "m", "role": role, "hma": True} for role in ("native", "kvd-a", "kvd-b")
+    ]
+    out = summarize(recs, [model], ceiling=55.0)
+    block = out["models"][0]
+    assert block["hybrid_manager"] == {"native": True, "kvd-a": True, "kvd-b": True}
+    hit = next(r for r in block["rows"] if r["case"] == "kvd RAM hit, same engine")
+    # 1024 tokens of the global layers and the window's 512 of the sliding ones, over 19 ms
+    assert abs(hit["load_gbps"] - (1024 + 512) * (1 << 20) / 0.019 / 1e9) < 1e-6
+    assert "hybrid KV cache manager: on for kvd-a, on for kvd-b, on for native" in render(out)

@@ -335,3 +335,35 @@ def test_vllm_keeps_the_hybrid_manager_on_alone_and_under_multiconnector(gemma3_
     assert hma_disabled(gemma3_config_dir, multi), (
         "a child without SupportsHMA turns it off, as vLLM documents"
     )
+
+
+# -- kvd bench gpu-e2e: the Gemma-3 row set builds (the run itself is on the H200) --------------
+def test_gpu_e2e_gemma3_rows_build_and_keep_the_hybrid_manager_on(tmp_path: Path) -> None:
+    from vllm.engine.arg_utils import EngineArgs
+
+    from infera.bench.gpu_e2e import build_models, loaded_bytes
+
+    models = build_models(tmp_path, [4096, 16384], small=False, check=False, hybrid=[16384])
+    gemma = next(m for m in models if m["name"].startswith("Gemma-3-12B"))
+    assert gemma["sizes"] == [16384] and gemma["disk"] is False and gemma["load_format"] == "dummy"
+    cfg = json.loads((Path(gemma["path"]) / "config.json").read_text())
+    assert cfg["architectures"] == ["Gemma3ForCausalLM"] and cfg["num_hidden_layers"] == 48
+    assert cfg["layer_types"].count("sliding_attention") == 40
+    # a 16k hit loads the 8 global layers' KV and the 40 sliding layers' last 1,024 tokens
+    per_layer = 2 * 8 * 256 * 2
+    assert loaded_bytes(gemma, 16384) == 16384 * 8 * per_layer + 1024 * 40 * per_layer
+    for ktc in (
+        KVD,
+        {
+            "kv_connector": "OffloadingConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 30},
+        },
+    ):
+        args = EngineArgs(
+            model=gemma["path"], load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
+            max_model_len=gemma["max_model_len"], kv_transfer_config=ktc,
+        )  # fmt: skip
+        config = args.create_engine_config()
+        assert not config.scheduler_config.disable_hybrid_kv_cache_manager, ktc["kv_connector"]
+        assert config.model_config.hf_text_config.sliding_window == 1024
