@@ -163,3 +163,26 @@ def test_kvd_stat_says_why_engines_of_one_model_do_not_share() -> None:
         "kv_layout": {"groups": [{"group": 0, "kind": "full"}]},
     }
     assert any("different KV cache groups" in n for n in notes([client("a", 1), off]))
+
+
+def test_prewarm_reads_a_hybrid_engines_groups_from_what_it_declared() -> None:
+    from infera.engine.vllm.api.prewarm import declared_plan
+
+    plan = G.Plan((sliding(0, 200), full(1)), 256)
+    stats = {
+        "clients": [
+            {"namespace": "other", "role": "vllm-scheduler", "kv_layout": {"groups": plan.to_wire()}},
+            {"namespace": "ns", "role": "vllm-worker-0", "kv_layout": {"groups": plan.to_wire()}},
+            {"namespace": "ns", "role": "vllm-scheduler", "kv_layout": {"groups": plan.to_wire()}},
+        ]
+    }
+    got = declared_plan(stats, "ns", 256)
+    assert got is not None and got.groups == plan.groups
+    assert [got.tag(i) for i in (0, 1)] == [plan.tag(i) for i in (0, 1)]
+    assert declared_plan(stats, "missing", 256) is None
+    single = {
+        "clients": [
+            {"namespace": "ns", "role": "vllm-scheduler", "kv_layout": {"groups": plan.to_wire()[:1]}}
+        ]
+    }
+    assert declared_plan(single, "ns", 256) is None  # one group: the keys need no tag

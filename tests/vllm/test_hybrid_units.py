@@ -9,6 +9,7 @@ Needs vLLM (run from a vLLM venv) and, for the round trip, a daemon; no model we
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -23,6 +24,7 @@ from infera.engine.vllm.keys import EngineFacts, make_namespace
 from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
 from infera.engine.vllm.scheduler.half import FAIL_NONE, FAIL_REQUESTS, SchedulerHalf
+from infera.engine.vllm.worker.gpu.copier import ArenaPin
 from infera.engine.vllm.worker.half import WorkerHalf
 
 FACTS = EngineFacts(
@@ -32,6 +34,17 @@ FACTS = EngineFacts(
     hash_seed="fixed", vllm_version="0.32", platform="cpu",
 )  # fmt: skip
 CT = 128  # 8 blocks of 16 tokens per chunk
+
+
+@pytest.fixture(autouse=True)
+def _our_logger_as_it_was() -> Any:
+    """Importing the connector module routes our logger through vLLM's handlers (no propagation);
+    later test modules capture our warnings with caplog, so put it back."""
+    lg = logging.getLogger("infera.engine.vllm")
+    saved = (list(lg.handlers), lg.propagate, lg.level)
+    yield
+    lg.handlers[:], lg.propagate = saved[0], saved[1]
+    lg.setLevel(saved[2])
 
 
 def kv_config(*groups: tuple[list[str], Any]) -> Any:
@@ -239,7 +252,10 @@ def hma_caches(num_blocks: int = 32) -> tuple[torch.Tensor, dict[str, torch.Tens
     return buf, {"l.full": buf, "l.swa": buf}
 
 
-def test_worker_round_trips_every_group_and_reports_async_loads(daemon: Any) -> None:
+@pytest.mark.parametrize("gpu_path", [False, True], ids=["cpu-path", "gpu-path-on-cpu"])
+def test_worker_round_trips_every_group_and_reports_async_loads(daemon: Any, gpu_path: bool) -> None:
+    """Both copy paths: plain gathers, and the GPU path's code (one copier per group, staging
+    split between them, one RELEASE once every group's copies are done) on CPU stand-ins."""
     ns = make_namespace(FACTS, CT)
     plan = G.Plan(
         (
@@ -252,17 +268,22 @@ def test_worker_round_trips_every_group_and_reports_async_loads(daemon: Any) -> 
     link = DaemonLink(daemon.socket, ns, role="vllm-worker-0", name="t", model="/m/g3", want_arena=True)
     w = WorkerHalf(
         ns, ConnectorEnv(socket=daemon.socket), rank=0, replicated=False, link=link, blockers=[],
-        num_blocks=32, block_size=16, plan=plan, failure="requests",
+        num_blocks=32, block_size=16, plan=plan, failure="requests", gpu_path_on_cpu=gpu_path,
     )  # fmt: skip
+    w.pin = ArenaPin(register=lambda _p, _s: None, unregister=lambda _p: None)
     buf, kv = hma_caches()
     w.register(kv)
     assert w.layouts[2] is None and w.disabled_reason is None
+    if gpu_path:
+        assert sorted(w.gpus) == [0, 1] and w.gpus[1].bpc == 4 and w.gpus[0].bpc == 8
     full_ids, swa_ids = [1, 2, 3, 4, 5, 6, 7, 8], [20, 21, 22, 23]
     h = b"h" * 32
     save = RequestJob(
         "r1", [ChunkJob(h, full_ids, group=0), ChunkJob(h, swa_ids, group=1), ChunkJob(h, [], group=2)]
     )
     w.save(InferaKvdMetadata(saves=[save]))
+    for gpu in w.gpus.values():
+        gpu.drain()  # the GPU path seals once its copies are done
     assert w.counters["save_chunks"] == 3
     want = buf[full_ids + swa_ids].clone()
     buf[full_ids + swa_ids] = 0
@@ -272,6 +293,8 @@ def test_worker_round_trips_every_group_and_reports_async_loads(daemon: Any) -> 
         notify=True,
     )
     w.load(InferaKvdMetadata(loads=[load]))
+    for gpu in w.gpus.values():
+        gpu.drain()
     assert torch.equal(buf[full_ids + swa_ids[1:]], torch.cat([want[:8], want[9:]]))
     assert torch.equal(buf[swa_ids[0]], torch.zeros_like(buf[0])), "skipped blocks are not written"
     assert w.take_finished_loads() == ({"r1"}, set())
