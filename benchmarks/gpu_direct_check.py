@@ -46,6 +46,7 @@ def main() -> int:
 
     import torch
 
+    from infera.engine.vllm.worker.gpu import gdfiles
     from infera.engine.vllm.worker.gpu import gpudirect as gd
     from infera.kvd import chunkfile as cf
 
@@ -106,7 +107,7 @@ def main() -> int:
 
     # 2. chunk files from and into GPU memory
     try:
-        files = gd.ChunkFiles(
+        files = gdfiles.ChunkFiles(
             sel.api, str(root / "files"), "bench/gpu-direct-check", direct=not args.buffered
         )
         src = [torch.randint(0, 256, (cb,), dtype=torch.uint8, device=dev) for _ in range(args.chunks)]

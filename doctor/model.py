@@ -104,3 +104,20 @@ def worst(statuses: Iterable[Status], default: Status = Status.OK) -> Status:
         if out is None or s.rank > out.rank:
             out = s
     return out or default
+
+
+@dataclass
+class Notes:
+    """What a check collects on its way: evidence, findings (a status and what is wrong) and fixes."""
+
+    evidence: list[Evidence] = field(default_factory=list)
+    findings: list[tuple[Status, str]] = field(default_factory=list)
+    fixes: list[str] = field(default_factory=list)
+
+    def result(self, summary: str) -> CheckResult:
+        """The worst finding's status, ``summary`` followed by every problem, the fixes without repeats."""
+        status = worst((s for s, _ in self.findings), Status.OK)
+        problems = [t for s, t in self.findings if s is not Status.OK]
+        if problems:
+            summary += "; " + "; ".join(problems)
+        return CheckResult(status, summary, self.evidence, fix="; ".join(dict.fromkeys(self.fixes)) or None)

@@ -7,6 +7,7 @@ there (plus its docs page ``docs/doctor/<id>.md``).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from collections.abc import Callable, Iterable
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from infera.doctor.model import CheckResult
 
 CheckFn = Callable[["Context"], "CheckResult"]
+#: A check's precondition: a result when the check cannot apply here, else None.
+Precondition = Callable[["Context"], "CheckResult | None"]
 
 #: Report sections, in the order they print. A check may name an area not listed; it prints last.
 AREAS: dict[str, str] = {
@@ -53,16 +56,31 @@ _REGISTRY: dict[str, CheckSpec] = {}
 _loaded = False
 
 
-def check(id: str, title: str, area: str, order: int = 50) -> Callable[[CheckFn], CheckFn]:
-    """Register ``fn`` as the check ``id``. Ids are kebab-case and unique."""
+def check(
+    id: str, title: str, area: str, order: int = 50, needs: Precondition | None = None
+) -> Callable[[CheckFn], CheckFn]:
+    """Register ``fn`` as the check ``id``. Ids are kebab-case and unique.
+
+    ``needs`` runs first: a result from it (a skip, say) is the check's result and ``fn`` is not run.
+    """
 
     def deco(fn: CheckFn) -> CheckFn:
-        if id in _REGISTRY and _REGISTRY[id].fn is not fn:
+        run = fn if needs is None else _guarded(needs, fn)
+        if id in _REGISTRY and getattr(_REGISTRY[id].fn, "__wrapped__", _REGISTRY[id].fn) is not fn:
             raise RuntimeError(f"doctor check {id!r} registered twice")
-        _REGISTRY[id] = CheckSpec(id, title, area, order, fn)
-        return fn
+        _REGISTRY[id] = CheckSpec(id, title, area, order, run)
+        return run
 
     return deco
+
+
+def _guarded(needs: Precondition, fn: CheckFn) -> CheckFn:
+    @functools.wraps(fn)
+    def run(ctx: Context) -> CheckResult:
+        early = needs(ctx)
+        return fn(ctx) if early is None else early
+
+    return run
 
 
 def _load() -> None:

@@ -16,6 +16,7 @@ from infera.errors import UsageError
 from infera.kvd import flags
 from infera.kvd.flags import FlagValues
 from infera.launch import ktc
+from infera.launch import router as vrouter
 from infera.launch.model import KTC_FLAG, Daemon, Deployment, Leg, ktc_json
 from infera.launch.spec import DAEMON_MODULE, ENGINE_MODULE
 
@@ -54,6 +55,9 @@ class LaunchOptions:
     discovery_backend: str = "etcd"
     request_transport: str = "http"
     kv_event_transport: str = "zmq"
+    router: bool = True  # pd: also write vllm-router's command (--no-router: bring your own)
+    router_port: int = vrouter.DEFAULT_PORT
+    transfer_protocol: str | None = None  # pd: kv_connector_extra_config.mooncake_protocol (tcp, rdma)
     hash_seed: str = "0"
     prewarm: bool = False
     engine_args: list[str] = field(default_factory=list)
@@ -247,10 +251,26 @@ def build(o: LaunchOptions) -> Deployment:
     p_flags = ["--model", model, "--port", _port(o.prefill_port, "--prefill-port"), "--host", o.host]
     p_flags += ["--advertise-host", p_host, *pd_flags, *prewarm, *extra, "--enable-prefix-caching"]
     p_env = {**seed, **_kvd_env(o), "VLLM_HOST_IP": p_host}
-    dep.legs.append(_leg(o, "prefill", "prefill", p_env, p_flags, ktc.prefill_config()))
+    proto = _protocol(o.transfer_protocol)
+    dep.legs.append(_leg(o, "prefill", "prefill", p_env, p_flags, ktc.prefill_config(proto)))
     d_flags = ["--model", model, "--port", _port(o.decode_port, "--decode-port"), "--host", o.host]
     d_flags += ["--advertise-host", d_host, *pd_flags, *extra]
     dep.legs.append(
-        _leg(o, "decode", "decode", {**seed, "VLLM_HOST_IP": d_host}, d_flags, ktc.decode_config())
+        _leg(o, "decode", "decode", {**seed, "VLLM_HOST_IP": d_host}, d_flags, ktc.decode_config(proto))
     )
+    if o.router:
+        port = int(_port(o.router_port, "--router-port"))
+        if port in (o.prefill_port, o.decode_port) and p_host == d_host:
+            raise UsageError(f"--router-port: {port} is taken by a leg on the same host")
+        prefill_url = vrouter.url(p_host, o.prefill_port)
+        decode_url = vrouter.url(d_host, o.decode_port)
+        dep.routers.append(vrouter.build(_python(o), o.host, port, prefill_url, decode_url))
     return dep
+
+
+def _protocol(value: str | None) -> str | None:
+    if value is None or not value.strip():
+        return None
+    if value.strip() not in ("tcp", "rdma"):
+        raise UsageError(f"--transfer-protocol: {value!r} is not tcp or rdma")
+    return value.strip()

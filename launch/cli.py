@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import inspect
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 import typer
 
 from infera.kvd.flagopts import ToolDefault, flatten, options
 from infera.kvd.flags import FlagValues
+from infera.launch.emit import Output
 
 launch_app = typer.Typer(
     help="Print, write or run validated kvd daemon + vLLM engine commands (shell, json, env, systemd, k8s, compose).",
@@ -37,21 +37,6 @@ LAUNCH_DEFAULTS = {
     )
 }
 DAEMON_PANEL = "Daemon (the flags of kvd serve)"
-
-
-@dataclass(frozen=True)
-class Output:
-    """What to do with a deployment: the options every ``kvd launch`` form shares."""
-
-    fmt: str = "shell"
-    json_out: bool = False
-    emit: bool = False
-    out: str | None = None
-    run: bool = False
-    part: str = "all"
-    save_spec: str | None = None
-    vllm: bool = False
-    prometheus: bool = False
 
 
 def _param(name: str, default: Any, annotation: Any) -> inspect.Parameter:
@@ -113,88 +98,6 @@ with_output = flatten(OUTPUT_OPTIONS, into="output", make=lambda values, given: 
 with_daemon = flatten(options(env=False, defaults=LAUNCH_DEFAULTS, panel=DAEMON_PANEL), into="daemon")
 
 
-def _emit(dep: Any, o: Output) -> int:
-    """Check ``dep`` against every rule, then save, print, write or run it. Returns the exit status."""
-    from infera.errors import KvdError, UsageError
-    from infera.launch.render import FORMATS, join_files, render
-    from infera.launch.rules import Context, check, parse_version
-    from infera.launch.spec import save_spec as write_spec
-
-    fmt = "json" if o.json_out else o.fmt
-    if fmt not in FORMATS:
-        raise UsageError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
-    if o.run and fmt != "shell":
-        raise UsageError("--run runs the shell format; drop --format or use --format shell")
-    if o.vllm:
-        _need_vllm()
-    findings = check(dep, Context(vllm_version=parse_version(dep.vllm_version), use_vllm=o.vllm))
-    for f in findings:
-        where = f"{f.path}:{f.line}:{f.col} " if f.loc else ""
-        typer.echo(f"{where}{f.code} [{f.severity}] {f.message}\n  fix: {f.fix}", err=True)
-    errors = [f for f in findings if f.severity == "error"]
-    if errors:
-        raise KvdError(
-            f"the deployment breaks {len(errors)} rule(s); nothing was written",
-            hint="change the options or the spec as the findings say",
-        )
-    if o.save_spec:
-        write_spec(dep, o.save_spec)
-        typer.echo(f"wrote {o.save_spec}", err=True)
-    files = render(dep, fmt)
-    if fmt == "systemd":
-        _warn_relative_exec(dep)
-    if o.prometheus:
-        from infera.launch.scrape import FILE, scrape_config
-
-        files[FILE] = scrape_config(dep)
-    if o.out:
-        import os
-
-        try:
-            os.makedirs(o.out, exist_ok=True)
-            for name, text in files.items():
-                path = os.path.join(o.out, name)
-                with open(path, "w", encoding="utf-8") as fh:
-                    fh.write(text)
-                if name.endswith(".sh"):
-                    os.chmod(path, 0o755)
-                typer.echo(f"wrote {path}", err=True)
-        except OSError as exc:
-            raise UsageError(f"--out: cannot write {o.out}: {exc.strerror}") from None
-    if o.run:
-        import os
-
-        sys.stdout.flush()
-        os.execvp("bash", ["bash", "-c", files["launch.sh"], "launch.sh", o.part])
-    if o.emit or not (o.out or o.save_spec):
-        typer.echo(join_files(files), nl=False)
-    return 0
-
-
-def _warn_relative_exec(dep: Any) -> None:
-    """systemd runs a bare name from its own PATH (/usr/local/bin, /usr/bin, ...), never a venv's."""
-    for proc in dep.processes():
-        exe = (proc.argv or [""])[0]
-        if exe and not exe.startswith("/"):
-            typer.echo(
-                f"warning: {proc.name}: ExecStart runs {exe!r}, which systemd looks up in its own PATH "
-                "(/usr/local/bin, /usr/bin, ...), never in a venv; give an absolute interpreter "
-                "(--python PATH, or python: in the spec)",
-                err=True,
-            )
-
-
-def _need_vllm() -> None:
-    from infera.errors import UsageError
-    from infera.launch.ktc import vllm_available
-
-    if not vllm_available():
-        raise UsageError(
-            "--vllm: vLLM is not importable in this Python",
-            hint="run kvd from the environment that has vLLM, or drop --vllm",
-        )
-
-
 @launch_app.callback(invoke_without_command=True)
 @with_output
 def launch_main(
@@ -226,7 +129,9 @@ def launch_main(
 
         dep = load_spec(spec)
         dep.image = image or dep.image
-        return _emit(dep, output)
+        from infera.launch.emit import emit
+
+        return emit(dep, output)
 
     if not spec:
         typer.echo(ctx.get_help())
@@ -238,53 +143,87 @@ def _raise(err: Exception) -> None:
     raise err
 
 
+# the options of every engine, in `single` and `pd` alike; ``_launch`` takes them by these names
+ENGINE_OPTIONS = [
+    _param(
+        "hipfile_roots",
+        typer.Option([], "--hipfile-root", help="Extra GPU-direct root NAME=PATH (repeatable)."),
+        list[str],
+    ),
+    _param("host", typer.Option("0.0.0.0", "--host", help="Address the engines listen on."), str),
+    _param(
+        "hash_seed",
+        typer.Option(
+            "0", "--hash-seed", help="PYTHONHASHSEED of every engine, or 'none' (vLLM >= 0.29 only)."
+        ),
+        str,
+    ),
+    _param(
+        "prewarm",
+        typer.Option(
+            False,
+            "--prewarm/--no-prewarm",
+            help="Serve POST /v1/cache/prewarm (on prefill; adds --kvd-socket-path).",
+        ),
+        bool,
+    ),
+    _param(
+        "engine_args",
+        typer.Option(
+            [],
+            "--engine-arg",
+            help="Extra flag for every engine, e.g. --engine-arg=--max-model-len=8192 (repeatable).",
+        ),
+        list[str],
+    ),
+    _param(
+        "daemon_args",
+        typer.Option([], "--daemon-arg", help="Extra daemon flag, passed as is (repeatable)."),
+        list[str],
+    ),
+    _param(
+        "python", typer.Option(None, "--python", metavar="PATH", help=PYTHON_HELP, show_default=False), str
+    ),
+    _param("image", typer.Option(None, "--image", help="Container image (needed for k8s and compose)."), str),
+    _param(
+        "vllm_version",
+        typer.Option(
+            None,
+            "--vllm-version",
+            help="vLLM version the engines run (recorded in the spec; sharpens rules).",
+        ),
+        str,
+    ),
+]
+with_engines = flatten(ENGINE_OPTIONS, into="engines", make=lambda values, given: values)
+
+
 @launch_app.command("single")
 @with_output
 @with_daemon
+@with_engines
 def launch_single(
     daemon: FlagValues,
     output: Output,
+    engines: dict[str, Any],
     model: str = typer.Option(None, "--model", help="Model the engine serves (required)."),
     ais: bool = typer.Option(
         False, "--ais/--no-ais", help="GPU-direct L3 reads (INFERA_KVD_AIS=1, roots from --long-path)."
     ),
-    hipfile_root: list[str] = typer.Option(
-        [], "--hipfile-root", help="Extra GPU-direct root NAME=PATH (repeatable)."
-    ),
-    host: str = typer.Option("0.0.0.0", "--host", help="Address the engine listens on."),
     port: int = typer.Option(8000, "--port", help="Engine port."),
-    hash_seed: str = typer.Option(
-        "0", "--hash-seed", help="PYTHONHASHSEED of the engine, or 'none' (vLLM >= 0.29 only)."
-    ),
-    prewarm: bool = typer.Option(
-        False, "--prewarm/--no-prewarm", help="Serve POST /v1/cache/prewarm (adds --kvd-socket-path)."
-    ),
-    engine_arg: list[str] = typer.Option(
-        [], "--engine-arg", help="Extra engine flag, e.g. --engine-arg=--max-model-len=8192 (repeatable)."
-    ),
-    daemon_arg: list[str] = typer.Option(
-        [], "--daemon-arg", help="Extra daemon flag, passed as is (repeatable)."
-    ),
-    python: str = typer.Option(None, "--python", metavar="PATH", help=PYTHON_HELP, show_default=False),
-    image: str = typer.Option(None, "--image", help="Container image (needed for k8s and compose)."),
-    vllm_version: str = typer.Option(
-        None, "--vllm-version", help="vLLM version the engines run (recorded in the spec; sharpens rules)."
-    ),
 ) -> None:
     """One host: the kvd daemon and one engine using it (the product doc's single-host commands)."""
-    _launch(
-        output, kind="single", daemon=daemon, model=model, ais=ais, hipfile_roots=hipfile_root, host=host,
-        port=port, hash_seed=hash_seed, prewarm=prewarm, engine_args=engine_arg, daemon_args=daemon_arg,
-        python=python, image=image, vllm_version=vllm_version,
-    )  # fmt: skip
+    _launch(output, kind="single", daemon=daemon, model=model, ais=ais, port=port, **engines)
 
 
 @launch_app.command("pd")
 @with_output
 @with_daemon
+@with_engines
 def launch_pd(
     daemon: FlagValues,
     output: Output,
+    engines: dict[str, Any],
     model: str = typer.Option(None, "--model", help="Model both legs serve (required)."),
     etcd: str = typer.Option(
         None, "--etcd", help="etcd endpoint HOST:PORT both legs register in (required)."
@@ -309,42 +248,33 @@ def launch_pd(
         "zmq", "--kv-event-transport", help="KV event transport of both legs."
     ),
     ais: bool = typer.Option(False, "--ais/--no-ais", help="GPU-direct L3 reads on the prefill leg."),
-    hipfile_root: list[str] = typer.Option(
-        [], "--hipfile-root", help="Extra GPU-direct root NAME=PATH (repeatable)."
+    router: bool = typer.Option(
+        True, "--router/--no-router", help="Also write vllm-router's command (--no-router: you run your own)."
     ),
-    host: str = typer.Option("0.0.0.0", "--host", help="Address the engines listen on."),
-    hash_seed: str = typer.Option(
-        "0", "--hash-seed", help="PYTHONHASHSEED of both legs, or 'none' (vLLM >= 0.29 only)."
+    router_port: int = typer.Option(8000, "--router-port", help="Port the router serves clients on."),
+    transfer_protocol: str = typer.Option(
+        None,
+        "--transfer-protocol",
+        help="tcp or rdma: the Mooncake transfer protocol of both legs [default: vLLM's, rdma].",
     ),
-    prewarm: bool = typer.Option(
-        False, "--prewarm/--no-prewarm", help="Serve POST /v1/cache/prewarm on prefill."
-    ),
-    engine_arg: list[str] = typer.Option(
-        [], "--engine-arg", help="Extra flag for both engines (repeatable)."
-    ),
-    daemon_arg: list[str] = typer.Option(
-        [], "--daemon-arg", help="Extra daemon flag, passed as is (repeatable)."
-    ),
-    python: str = typer.Option(None, "--python", metavar="PATH", help=PYTHON_HELP, show_default=False),
-    image: str = typer.Option(None, "--image", help="Container image (needed for k8s and compose)."),
-    vllm_version: str = typer.Option(None, "--vllm-version", help="vLLM version the engines run."),
 ) -> None:
-    """Prefill/decode: kvd daemon + prefill engine (MultiConnector over kvd and Mooncake) + decode engine."""
+    """Prefill/decode: kvd daemon + prefill engine (MultiConnector over kvd and Mooncake) + decode engine
+    + vllm-router in front of them."""
     _launch(
         output, kind="pd", daemon=daemon, model=model, etcd=etcd, advertise_host=advertise_host,
         decode_advertise_host=decode_advertise_host, prefill_port=prefill_port, decode_port=decode_port,
         discovery_backend=discovery_backend, request_transport=request_transport,
-        kv_event_transport=kv_event_transport, ais=ais, hipfile_roots=hipfile_root, host=host, hash_seed=hash_seed,
-        prewarm=prewarm, engine_args=engine_arg, daemon_args=daemon_arg, python=python, image=image,
-        vllm_version=vllm_version,
+        kv_event_transport=kv_event_transport, ais=ais, router=router, router_port=router_port,
+        transfer_protocol=transfer_protocol, **engines,
     )  # fmt: skip
 
 
 def _launch(output: Output, **kw: Any) -> None:
     from infera.clikit import run_guarded
     from infera.launch.build import LaunchOptions, build
+    from infera.launch.emit import emit
 
-    raise typer.Exit(run_guarded(lambda: _emit(build(LaunchOptions(**kw)), output)) or 0)
+    raise typer.Exit(run_guarded(lambda: emit(build(LaunchOptions(**kw)), output)) or 0)
 
 
 def lint(

@@ -47,23 +47,29 @@ def single_config() -> dict[str, Any]:
     return copy.deepcopy(KVD_CHILD)
 
 
-def prefill_config() -> dict[str, Any]:
+def _transport(role: str, protocol: str | None) -> dict[str, Any]:
+    """The MooncakeConnector of a leg; ``protocol`` (``tcp``, ``rdma``) is vLLM's
+    ``kv_connector_extra_config.mooncake_protocol``, left out for vLLM's default (``rdma``)."""
+    out: dict[str, Any] = {"kv_connector": TRANSPORT_CONNECTOR, "kv_role": role}
+    if protocol:
+        out["kv_connector_extra_config"] = {"mooncake_protocol": protocol}
+    return out
+
+
+def prefill_config(protocol: str | None = None) -> dict[str, Any]:
     """P/D prefill: MultiConnector under ``kv_producer`` (what the router pairs on) over kvd + Mooncake."""
     return {
         "kv_connector": MULTI_CONNECTOR,
         "kv_role": "kv_producer",
         "kv_connector_extra_config": {
-            "connectors": [
-                copy.deepcopy(KVD_CHILD),
-                {"kv_connector": TRANSPORT_CONNECTOR, "kv_role": "kv_producer"},
-            ]
+            "connectors": [copy.deepcopy(KVD_CHILD), _transport("kv_producer", protocol)]
         },
     }
 
 
-def decode_config() -> dict[str, Any]:
+def decode_config(protocol: str | None = None) -> dict[str, Any]:
     """P/D decode: the bare transport as a consumer; no kvd."""
-    return {"kv_connector": TRANSPORT_CONNECTOR, "kv_role": "kv_consumer"}
+    return _transport("kv_consumer", protocol)
 
 
 def _type_ok(value: Any, kind: str) -> bool:

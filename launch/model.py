@@ -12,11 +12,14 @@ Values a front end could not resolve (``$VAR`` of the caller, a Kubernetes ``val
 from __future__ import annotations
 
 import json
-import re
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from infera.kvd.flags import SWITCHES as DAEMON_SWITCHES
+
+# the command-line reading lives in .argv; its names stay importable from here
+from infera.launch.argv import ENGINE_BOOL_FLAGS, ROUTER_MULTI, ROUTER_SWITCHES, FlagUse, Loc, parse_flags
 
 KVD_CONNECTOR = "InferaKvdConnector"
 KVD_MODULE = "infera.engine.vllm.kvd_connector"
@@ -27,94 +30,6 @@ KVD_ENV_PREFIX = "INFERA_KVD_"
 PD_FLAGS = ("--etcd-endpoint", "--discovery-backend", "--request-transport", "--kv-event-transport")
 
 ROLES = ("single", "prefill", "decode")
-
-
-@dataclass(frozen=True)
-class Loc:
-    """Where a value was written: file, 1-based line and column, and the span of its command."""
-
-    path: str
-    line: int
-    col: int = 1
-    first_line: int | None = None
-    last_line: int | None = None
-
-    def lines(self) -> range:
-        """Lines on which a suppression comment applies to a finding at this place."""
-        lo = min(self.line, self.first_line or self.line)
-        hi = max(self.line, self.last_line or self.line)
-        return range(lo, hi + 1)
-
-
-# Engine flags that never take a value (vLLM's store_true flags we are likely to meet).
-ENGINE_BOOL_FLAGS = frozenset(
-    {
-        "--enable-prefix-caching",
-        "--trust-remote-code",
-        "--enforce-eager",
-        "--disable-log-stats",
-        "--disable-log-requests",
-        "--enable-log-requests",
-        "--enable-chunked-prefill",
-        "--disable-custom-all-reduce",
-        "--enable-expert-parallel",
-        "--disable-frontend-multiprocessing",
-        "--enable-auto-tool-choice",
-        "--skip-tokenizer-init",
-        "--enable-lora",
-        "--headless",
-        "--enable-sleep-mode",
-        "--async-scheduling",
-        "--disable-uvicorn-access-log",
-        "--disable-hybrid-kv-cache-manager",
-        "--disable-sliding-window",
-        "--enable-eplb",
-        "--enable-prompt-tokens-details",
-    }
-)
-
-
-@dataclass
-class FlagUse:
-    """One ``--flag [value]`` occurrence in an argv."""
-
-    name: str
-    value: str | None
-    index: int
-    value_index: int | None = None
-
-
-def _is_bool_flag(name: str, bool_flags: frozenset[str]) -> bool:
-    return name in bool_flags or name.startswith(("--no-", "--enable-", "--disable-"))
-
-
-def parse_flags(argv: list[str], start: int, bool_flags: frozenset[str] = ENGINE_BOOL_FLAGS) -> list[FlagUse]:
-    """Split ``argv[start:]`` into flag uses, the way argparse would for long options."""
-    out: list[FlagUse] = []
-    i = start
-    while i < len(argv):
-        tok = argv[i]
-        if tok.startswith("--") and len(tok) > 2:
-            if "=" in tok:
-                name, _, value = tok.partition("=")
-                out.append(FlagUse(name, value, i, i))
-                i += 1
-                continue
-            nxt = argv[i + 1] if i + 1 < len(argv) else None
-            takes_value = (
-                nxt is not None
-                and not _is_bool_flag(tok, bool_flags)
-                and not (nxt.startswith("-") and not re.fullmatch(r"-\d+(\.\d+)?", nxt))
-            )
-            if takes_value:
-                out.append(FlagUse(tok, nxt, i, i + 1))
-                i += 2
-            else:
-                out.append(FlagUse(tok, None, i, None))
-                i += 1
-        else:
-            i += 1
-    return out
 
 
 @dataclass
@@ -131,11 +46,12 @@ class Process:
     env_locs: dict[str, Loc] = field(default_factory=dict)
     unknown_args: set[int] = field(default_factory=set)
     bool_flags: frozenset[str] = ENGINE_BOOL_FLAGS
+    multi_flags: frozenset[str] = frozenset()
 
     def flags(self) -> list[FlagUse]:
         if self.argv is None:
             return []
-        return parse_flags(self.argv, self.args_start, self.bool_flags)
+        return parse_flags(self.argv, self.args_start, self.bool_flags, self.multi_flags)
 
     def flag(self, name: str) -> FlagUse | None:
         """The last use of ``name`` (argparse keeps the last), or None."""
@@ -302,6 +218,25 @@ def _connector(cfg: dict[str, Any], where: str) -> Connector:
 
 
 @dataclass
+class Router(Process):
+    """``python -m vllm_router.launch_router`` (or ``vllm-router``): the P/D router in front of the legs."""
+
+    name: str = "router"
+    bool_flags: frozenset[str] = ROUTER_SWITCHES
+    multi_flags: frozenset[str] = ROUTER_MULTI
+
+    def uses(self, name: str) -> list[FlagUse]:
+        """Every use of ``name`` (``--prefill`` and ``--decode`` repeat, one per worker)."""
+        return [u for u in self.flags() if u.name == name]
+
+    def word(self, index: int) -> str | None:
+        """``argv[index]`` when it is statically known."""
+        if self.argv is None or index >= len(self.argv) or index in self.unknown_args:
+            return None
+        return self.argv[index]
+
+
+@dataclass
 class Mount:
     """A host path mounted into a container (only what the rules look at)."""
 
@@ -318,6 +253,7 @@ class Deployment:
     kind: str | None = None  # "single" or "pd" when known
     daemons: list[Daemon] = field(default_factory=list)
     legs: list[Leg] = field(default_factory=list)
+    routers: list[Router] = field(default_factory=list)
     mounts: list[Mount] = field(default_factory=list)
     prewarm_refs: list[Loc] = field(default_factory=list)
     vllm_version: str | None = None
@@ -325,13 +261,23 @@ class Deployment:
     python: str = "python"
 
     def processes(self) -> list[Process]:
-        return [*self.daemons, *self.legs]
+        return [*self.daemons, *self.legs, *self.routers]
+
+    def add(self, proc: Process) -> None:
+        """Put ``proc`` in the list of its kind."""
+        if isinstance(proc, Daemon):
+            self.daemons.append(proc)
+        elif isinstance(proc, Router):
+            self.routers.append(proc)
+        elif isinstance(proc, Leg):
+            self.legs.append(proc)
 
     def merge(self, other: Deployment) -> Deployment:
         return Deployment(
             kind=self.kind or other.kind,
             daemons=[*self.daemons, *other.daemons],
             legs=[*self.legs, *other.legs],
+            routers=[*self.routers, *other.routers],
             mounts=[*self.mounts, *other.mounts],
             prewarm_refs=[*self.prewarm_refs, *other.prewarm_refs],
             vllm_version=self.vllm_version or other.vllm_version,
@@ -346,6 +292,11 @@ class Deployment:
                 if d.socket == socket:
                     return d
         return self.daemons[0] if len(self.daemons) == 1 else None
+
+
+def norm_path(path: str) -> str:
+    """``path`` normalised (``/a//b/`` is ``/a/b``); an empty one stays empty."""
+    return os.path.normpath(path) if path else path
 
 
 def ktc_json(cfg: dict[str, Any]) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infera.errors import UsageError
-from infera.launch.model import Deployment, Process, parse_flags
+from infera.launch.model import Deployment, Process
 
 FORMATS = ("shell", "json", "env", "systemd", "k8s", "compose")
 _SAFE = re.compile(r"^[A-Za-z0-9_./:=,@+-]+$")
@@ -126,10 +126,11 @@ def _groups(p: Process) -> list[list[str]]:
     argv = p.argv or []
     out = [argv[: p.args_start]]
     covered: set[int] = set()
-    for use in parse_flags(argv, p.args_start, p.bool_flags):
+    for use in p.flags():
         idx = [use.index] + (
             [use.value_index] if use.value_index is not None and use.value_index != use.index else []
         )
+        idx += use.more
         covered.update(idx)
         out.append([argv[i] for i in idx])
     for i in range(p.args_start, len(argv)):
@@ -175,6 +176,8 @@ def context(dep: Deployment) -> dict[str, Any]:
         if uses and long_path and leg.env.get("INFERA_KVD_AIS"):
             mounts.append(long_path)
         procs.append(_rproc(leg, "leg", leg.role, uses, mounts))
+    for router in dep.routers:
+        procs.append(_rproc(router, "router", "router", False, []))
     legs = [p for p in procs if p.kind == "leg"]
     parts = []
     if daemon is not None:
@@ -185,6 +188,8 @@ def context(dep: Deployment) -> dict[str, Any]:
             " and the kvd daemon it uses" if len(start) > 1 else ""
         )
         parts.append({"name": lp.name, "start": start, "desc": desc})
+    for rp in (p for p in procs if p.kind == "router"):
+        parts.append({"name": rp.name, "start": [rp], "desc": "vllm-router, in front of the legs"})
     everything: list[RProc] = []
     for part in parts:
         starts: list[RProc] = part["start"]  # type: ignore[assignment]
@@ -248,7 +253,9 @@ def render(dep: Deployment, fmt: str) -> dict[str, str]:
     if fmt == "systemd":
         out = {}
         for p in ctx["procs"]:
-            tmpl = "kvd.service.j2" if p.kind == "daemon" else "engine.service.j2"
+            tmpl = {"daemon": "kvd.service.j2", "router": "router.service.j2"}.get(
+                p.kind, "engine.service.j2"
+            )
             out[p.unit] = env.get_template(tmpl).render(ctx, proc=p)
         return out
     if fmt == "k8s":

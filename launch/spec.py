@@ -23,7 +23,7 @@ import yaml
 
 from infera.errors import UsageError
 from infera.kvd.flags import BY_NAME
-from infera.launch.model import KTC_FLAG, ROLES, Daemon, Deployment, Leg, Loc, ktc_json
+from infera.launch.model import KTC_FLAG, ROLES, Daemon, Deployment, Leg, Loc, Router, ktc_json
 
 SPEC_VERSION = 1
 # daemon flags mirrored as fields of the spec (by the flag's dest), for readers
@@ -74,6 +74,10 @@ def to_dict(dep: Deployment) -> dict[str, Any]:
         out["vllm_version"] = dep.vllm_version
     out["daemon"] = daemon_to_dict(dep.daemons[0]) if dep.daemons else None
     out["legs"] = [leg_to_dict(leg) for leg in dep.legs]
+    if dep.routers:
+        out["routers"] = [
+            {"name": r.name, "env": dict(r.env), "argv": list(r.argv or [])} for r in dep.routers
+        ]
     return out
 
 
@@ -116,7 +120,7 @@ class _Reader:
             raise SpecError(f"{what} must be a list of strings", self.loc(parent, key))
         return [str(v) for v in value]
 
-    def env(self, proc: Daemon | Leg, raw: Any, parent: Any) -> None:
+    def env(self, proc: Daemon | Leg | Router, raw: Any, parent: Any) -> None:
         if raw is None:
             return
         env = self.mapping(raw, f"{proc.name}: env", parent, "env")
@@ -124,7 +128,7 @@ class _Reader:
             proc.env[str(k)] = None if v is None else (str(v).lower() if isinstance(v, bool) else str(v))
             proc.env_locs[str(k)] = self.loc(env, k)
 
-    def argv(self, proc: Daemon | Leg, raw: list[str], container: Any) -> None:
+    def argv(self, proc: Daemon | Leg | Router, raw: list[str], container: Any) -> None:
         from infera.launch.lint.commands import Word, recognize
 
         proc.argv = raw
@@ -139,7 +143,9 @@ class _Reader:
         else:
             proc.args_start = next((i for i, a in enumerate(raw) if a.startswith("-")), len(raw))
 
-    def command(self, proc: Daemon | Leg, data: dict[str, Any], what: str, default: list[str]) -> list[str]:
+    def command(
+        self, proc: Daemon | Leg | Router, data: dict[str, Any], what: str, default: list[str]
+    ) -> list[str]:
         """Set ``proc``'s command: the spec's ``argv``, else ``default`` (located at ``proc``);
         returned, for the caller to append to."""
         if data.get("argv"):
@@ -151,7 +157,7 @@ class _Reader:
         assert proc.argv is not None
         return proc.argv
 
-    def extras(self, proc: Daemon | Leg, data: dict[str, Any], what: str) -> None:
+    def extras(self, proc: Daemon | Leg | Router, data: dict[str, Any], what: str) -> None:
         """The spec's ``args`` (appended to ``proc``'s command) and ``env``."""
         assert proc.argv is not None
         for extra in self.strlist(data.get("args") or [], f"{what}.args", data, "args"):
@@ -205,6 +211,16 @@ class _Reader:
                 )
         return leg
 
+    def router(self, raw: Any, routers: Any, i: int, python: str) -> Router:
+        from infera.launch.router import ROUTER_MODULE
+
+        data = self.mapping(raw, f"routers[{i}]", routers, i)
+        r = Router(name=str(data.get("name") or f"router{i}"))
+        r.loc = self.loc(routers, i)
+        self.command(r, data, f"routers[{i}]", [python, *ROUTER_MODULE])
+        self.extras(r, data, f"routers[{i}]")
+        return r
+
 
 def _plain(value: Any) -> Any:
     """Strip position-keeping containers down to plain dicts and lists."""
@@ -239,15 +255,21 @@ def from_data(data: Any, path: str) -> Deployment:
     if not isinstance(legs, list):
         raise SpecError("legs must be a list", r.loc(data, "legs"))
     dep.legs = [r.leg(raw, legs, i, python) for i, raw in enumerate(legs)]
+    routers = data.get("routers") or []
+    if not isinstance(routers, list):
+        raise SpecError("routers must be a list", r.loc(data, "routers"))
+    dep.routers = [r.router(raw, routers, i, python) for i, raw in enumerate(routers)]
     seen: set[str] = {d.name for d in dep.daemons}
-    for i, leg in enumerate(dep.legs):
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", leg.name) or leg.name in ("all",):
+    named: list[tuple[str, Leg | Router]] = [(f"legs[{i}]", p) for i, p in enumerate(dep.legs)]
+    named += [(f"routers[{i}]", p) for i, p in enumerate(dep.routers)]
+    for what, proc in named:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", proc.name) or proc.name in ("all",):
             raise SpecError(
-                f"legs[{i}].name {leg.name!r} is not a simple name (letters, digits, . _ -)", leg.loc
+                f"{what}.name {proc.name!r} is not a simple name (letters, digits, . _ -)", proc.loc
             )
-        if leg.name in seen:
-            raise SpecError(f"legs[{i}].name {leg.name!r} is used twice", leg.loc)
-        seen.add(leg.name)
+        if proc.name in seen:
+            raise SpecError(f"{what}.name {proc.name!r} is used twice", proc.loc)
+        seen.add(proc.name)
     return dep
 
 

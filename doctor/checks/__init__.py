@@ -35,6 +35,11 @@ def needs_nvidia_gpu(ctx: Context) -> CheckResult | None:
     return None
 
 
+def process_evidence(pid: int, *facts: str) -> Evidence:
+    """Evidence about the engine process ``pid``: its non-empty ``facts``, comma-separated."""
+    return Evidence(f"process {pid}", ", ".join(f for f in facts if f), "process")
+
+
 def container_reason(ctx: Context) -> str | None:
     """Why host-only files cannot be trusted here, or None on a host."""
     info = detect(ctx)

@@ -21,11 +21,8 @@ from infera.doctor.registry import check
 HOST_FIX = "run /opt/rocm/bin/ais-check as root on the host (not in the container) and trust its amdgpu line"
 
 
-@check("ais-check", "ais-check (AMD's AIS checker)", "amd", order=30)
+@check("ais-check", "ais-check (AMD's AIS checker)", "amd", order=30, needs=needs_amd_gpu)
 def ais_check(ctx: Context) -> CheckResult:
-    early = needs_amd_gpu(ctx)
-    if early is not None:
-        return early
     run = aischeck.run(ctx)
     res = run.result
     ev = [Evidence(res.line, res.error or f"exit {res.returncode}", "command")]

@@ -26,11 +26,8 @@ FIX = (
 )
 
 
-@check("amdgpu-version", "Driver minimum for AIS", "amd", order=20)
+@check("amdgpu-version", "Driver minimum for AIS", "amd", order=20, needs=needs_amd_gpu)
 def amdgpu_version(ctx: Context) -> CheckResult:
-    early = needs_amd_gpu(ctx)
-    if early is not None:
-        return early
     loaded = loaded_driver(ctx)
     ev = list(loaded.evidence)
     if not loaded.loaded:

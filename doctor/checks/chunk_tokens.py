@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from infera.doctor.checks import process_evidence
 from infera.doctor.context import Context
 from infera.doctor.facts.daemon import client_label, daemon, engine_clients
 from infera.doctor.facts.engines import scan
@@ -29,16 +30,15 @@ def chunk_tokens(ctx: Context) -> CheckResult:
 
     for eng in scan(ctx):
         if not eng.seed_known:
-            ev.append(Evidence(f"process {eng.pid}", f"{ENV}=? ({eng.env_error})", "process"))
+            ev.append(process_evidence(eng.pid, f"{ENV}=? ({eng.env_error})"))
             continue
         raw = (eng.chunk_tokens or "auto").strip().lower()
         ev.append(
-            Evidence(
-                f"process {eng.pid}",
-                f"{ENV}={raw}"
-                + (f", {AIS_ENV}={eng.ais}" if eng.ais else "")
-                + (f", model {eng.model}" if eng.model else ""),
-                "process",
+            process_evidence(
+                eng.pid,
+                f"{ENV}={raw}",
+                f"{AIS_ENV}={eng.ais}" if eng.ais else "",
+                f"model {eng.model}" if eng.model else "",
             )
         )
         setting = _judge(eng.chunk_tokens, eng.ais, eng.hipfile_roots, eng.label, findings, fixes)

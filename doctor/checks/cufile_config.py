@@ -78,11 +78,14 @@ def _p2pdma_kernel(ctx: Context) -> bool | None:
     return None
 
 
-@check("cufile-config", "cuFile settings vs GPU-direct (nvidia_fs, cufile.json)", "nvidia", order=20)
+@check(
+    "cufile-config",
+    "cuFile settings vs GPU-direct (nvidia_fs, cufile.json)",
+    "nvidia",
+    order=20,
+    needs=needs_nvidia_gpu,
+)
 def cufile_config(ctx: Context) -> CheckResult:
-    early = needs_nvidia_gpu(ctx)
-    if early is not None:
-        return early
     h = ctx.host
     req = gpu_direct_request(ctx)
     ev = [Evidence("GPU-direct", "; ".join(req.where) or f"not requested ({AIS_ENV} unset or 0)", "note")]

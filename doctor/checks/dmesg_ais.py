@@ -35,11 +35,8 @@ WHY = (
 )
 
 
-@check("dmesg-ais", "Kernel log: AIS registered per GPU", "amd", order=40)
+@check("dmesg-ais", "Kernel log: AIS registered per GPU", "amd", order=40, needs=needs_amd_gpu)
 def dmesg_ais(ctx: Context) -> CheckResult:
-    early = needs_amd_gpu(ctx)
-    if early is not None:
-        return early
     gpus = inventory(ctx).amd
     log = kernel_log(ctx)
     if log.text is None:

@@ -12,11 +12,8 @@ from infera.doctor.registry import check
 from infera.units import format_size
 
 
-@check("gpu", "GPU: large-BAR dGPU, not SR-IOV, not APU", "platform", order=20)
+@check("gpu", "GPU: large-BAR dGPU, not SR-IOV, not APU", "platform", order=20, needs=needs_amd_gpu)
 def gpu(ctx: Context) -> CheckResult:
-    early = needs_amd_gpu(ctx)
-    if early is not None:
-        return early
     inv = inventory(ctx)
     evidence: list[Evidence] = []
     problems: list[tuple[Status, str]] = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from infera.doctor.checks import process_evidence
 from infera.doctor.context import Context
 from infera.doctor.facts.daemon import client_label, daemon, engine_clients
 from infera.doctor.facts.engines import describe_settings, effective_seed, local_vllm_version, scan
@@ -44,12 +45,11 @@ def hash_settings(ctx: Context) -> CheckResult:
     for eng in engines:
         ver = f"{eng.vllm[0]} {eng.vllm[1]}" if eng.vllm else (f"{local[1]} (assumed)" if local else "vLLM ?")
         ev.append(
-            Evidence(
-                f"process {eng.pid}",
-                f"{eng.kind} engine, PYTHONHASHSEED={eng.seed_text}, hash algo {eng.hash_algo}, {ver}"
-                + (f", model {eng.model}" if eng.model else "")
-                + (f", children {eng.children}" if eng.children else ""),
-                "process",
+            process_evidence(
+                eng.pid,
+                f"{eng.kind} engine, PYTHONHASHSEED={eng.seed_text}, hash algo {eng.hash_algo}, {ver}",
+                f"model {eng.model}" if eng.model else "",
+                f"children {eng.children}" if eng.children else "",
             )
         )
         if not eng.seed_known:

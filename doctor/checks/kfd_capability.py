@@ -22,11 +22,8 @@ WHY = (
 )
 
 
-@check("kfd-capability", "KFD capability bit 0x40 (information)", "amd", order=50)
+@check("kfd-capability", "KFD capability bit 0x40 (information)", "amd", order=50, needs=needs_amd_gpu)
 def kfd_capability(ctx: Context) -> CheckResult:
-    early = needs_amd_gpu(ctx)
-    if early is not None:
-        return early
     nodes = kfd_nodes(ctx)
     if nodes is None:
         return unknown(

@@ -18,11 +18,10 @@ from infera.doctor.model import CheckResult, Evidence, Status, worst
 from infera.doctor.registry import check
 
 
-@check("nvidia-gds", "GPUDirect Storage (cuFile, nvidia-fs, KvikIO)", "nvidia", order=10)
+@check(
+    "nvidia-gds", "GPUDirect Storage (cuFile, nvidia-fs, KvikIO)", "nvidia", order=10, needs=needs_nvidia_gpu
+)
 def nvidia_gds(ctx: Context) -> CheckResult:
-    early = needs_nvidia_gpu(ctx)
-    if early is not None:
-        return early
     h = ctx.host
     inv = inventory(ctx)
     ev: list[Evidence] = []

@@ -32,11 +32,8 @@ def _rocm_dirs(ctx: Context) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-@check("rocm", "ROCm >= 7.2 and HIP runtime", "amd", order=60)
+@check("rocm", "ROCm >= 7.2 and HIP runtime", "amd", order=60, needs=needs_amd_gpu)
 def rocm(ctx: Context) -> CheckResult:
-    early = needs_amd_gpu(ctx)
-    if early is not None:
-        return early
     h = ctx.host
     ev: list[Evidence] = []
     versions: list[tuple[str, tuple[int, ...]]] = []

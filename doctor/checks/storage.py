@@ -23,7 +23,7 @@ from infera.doctor.facts.storage import (
     odirect_probe,
     parse_mountinfo,
 )
-from infera.doctor.model import CheckResult, Evidence, Status, skip, unknown, worst
+from infera.doctor.model import CheckResult, Evidence, Notes, Status, skip, unknown
 from infera.doctor.registry import check
 from infera.units import format_size
 
@@ -52,9 +52,7 @@ def storage(ctx: Context) -> CheckResult:
     h = ctx.host
     if not long_path.startswith("/"):
         long_path = os.path.abspath(long_path) if ctx.live else "/" + long_path
-    ev: list[Evidence] = []
-    findings: list[tuple[Status, str]] = []
-    fixes: list[str] = []
+    notes = Notes()
     if ctx.live:
         real = os.path.realpath(long_path)
         present = _existing(real, os.path.exists)
@@ -62,19 +60,24 @@ def storage(ctx: Context) -> CheckResult:
         real = h.resolve(long_path)
         present = _existing(real, h.exists)
     if present != real:
-        ev.append(Evidence(long_path, f"does not exist yet; nearest existing parent {present}", "probe"))
-        findings.append((Status.OK, f"{long_path} does not exist yet (the daemon creates it)"))
+        notes.evidence.append(
+            Evidence(long_path, f"does not exist yet; nearest existing parent {present}", "probe")
+        )
+        notes.findings.append((Status.OK, f"{long_path} does not exist yet (the daemon creates it)"))
     elif not (os.path.isdir(real) if ctx.live else h.is_dir(real)):
         return CheckResult(
-            Status.FAIL, f"{long_path} is not a directory", ev, fix="point --long-path at a directory"
+            Status.FAIL,
+            f"{long_path} is not a directory",
+            notes.evidence,
+            fix="point --long-path at a directory",
         )
     mi = h.read("/proc/self/mountinfo")
     if mi.text is None:
-        return unknown(f"cannot read {h.display('/proc/self/mountinfo')} ({mi.error})", ev)
+        return unknown(f"cannot read {h.display('/proc/self/mountinfo')} ({mi.error})", notes.evidence)
     mount = mount_for(parse_mountinfo(mi.text), present)
     if mount is None:
-        return unknown(f"no mount found for {real}", ev)
-    ev.append(
+        return unknown(f"no mount found for {real}", notes.evidence)
+    notes.evidence.append(
         Evidence(
             h.display("/proc/self/mountinfo"),
             f"{mount.mountpoint} {mount.fstype} {mount.source} ({mount.majmin}) {mount.superopts}",
@@ -86,14 +89,14 @@ def storage(ctx: Context) -> CheckResult:
     elif fs == "ext4":
         mode, src = ext4_data_mode(mount, h)
         fs_text = f"ext4 (data={mode})"
-        ev.append(Evidence(src, f"data={mode}", "note"))
+        notes.evidence.append(Evidence(src, f"data={mode}", "note"))
         if mode != "ordered":
-            findings.append((Status.WARN, f"ext4 with data={mode}: hipFile needs data=ordered"))
-            fixes.append("remount without data=journal/writeback (data=ordered is the default)")
+            notes.findings.append((Status.WARN, f"ext4 with data={mode}: hipFile needs data=ordered"))
+            notes.fixes.append("remount without data=journal/writeback (data=ordered is the default)")
     elif fs in NETWORK_FS:
         fs_text = fs
         rdma = mount.opt("proto") == "rdma"
-        findings.append(
+        notes.findings.append(
             (
                 Status.WARN,
                 f"network filesystem {fs}{' over RDMA' if rdma else ''}: GPU-direct over NFS is experimental "
@@ -102,33 +105,28 @@ def storage(ctx: Context) -> CheckResult:
         )
     elif fs in ("tmpfs", "ramfs"):
         fs_text = fs
-        findings.append(
+        notes.findings.append(
             (
                 Status.WARN,
                 f"{fs} is RAM: the long tier would not survive a reboot and competes with the arena",
             )
         )
-        fixes.append("put --long-path on local NVMe (xfs or ext4)")
+        notes.fixes.append("put --long-path on local NVMe (xfs or ext4)")
     else:
         fs_text = fs
-        findings.append((Status.WARN, f"{fs} is not xfs or ext4: GPU-direct falls back to POSIX there"))
-        fixes.append("for GPU-direct, use xfs or ext4 (data=ordered) on local NVMe")
-    backing = _backing(ctx, mount.majmin, mount.source, ev, findings, fixes)
-    _udev_record(ctx, mount.majmin, mount.source, ev, findings, fixes)
+        notes.findings.append((Status.WARN, f"{fs} is not xfs or ext4: GPU-direct falls back to POSIX there"))
+        notes.fixes.append("for GPU-direct, use xfs or ext4 (data=ordered) on local NVMe")
+    backing = _backing(ctx, mount.majmin, mount.source, notes)
+    _udev_record(ctx, mount.majmin, mount.source, notes)
     if ctx.live:
-        _live_probe(present, ev, findings, fixes)
+        _live_probe(present, notes)
     else:
-        ev.append(
+        notes.evidence.append(
             Evidence(
                 "O_DIRECT probe", "not run: --root is a host tree, not this machine's filesystem", "probe"
             )
         )
-    status = worst((s for s, _ in findings), Status.OK)
-    problems = [t for s, t in findings if s is not Status.OK]
-    summary = f"{long_path}: {fs_text} on {backing}"
-    if problems:
-        summary += "; " + "; ".join(problems)
-    return CheckResult(status, summary, ev, fix="; ".join(dict.fromkeys(fixes)) or None)
+    return notes.result(f"{long_path}: {fs_text} on {backing}")
 
 
 def _on_block_device(majmin: str, source: str) -> bool:
@@ -140,9 +138,7 @@ def _udev_record(
     ctx: Context,
     majmin: str,
     source: str,
-    ev: list[Evidence],
-    findings: list[tuple[Status, str]],
-    fixes: list[str],
+    notes: Notes,
 ) -> None:
     """cuFile registers a file only after reading its volume's udev properties (ID_FS_USAGE),
     compat mode included. Without the udev record every cuFileHandleRegister fails with 5027
@@ -153,12 +149,16 @@ def _udev_record(
     path = f"/run/udev/data/b{majmin}"
     text = h.text(path)
     if text is not None and "E:ID_FS_USAGE=" in text:
-        ev.append(Evidence(h.display(path), "udev record with ID_FS_USAGE (cuFile can register files here)"))
+        notes.evidence.append(
+            Evidence(h.display(path), "udev record with ID_FS_USAGE (cuFile can register files here)")
+        )
         return
-    ev.append(Evidence(h.display(path), "missing" if text is None else "present, without ID_FS_USAGE"))
+    notes.evidence.append(
+        Evidence(h.display(path), "missing" if text is None else "present, without ID_FS_USAGE")
+    )
     if not inventory(ctx).nvidia:
         return  # only cuFile is known to need it
-    findings.append(
+    notes.findings.append(
         (
             Status.WARN,
             f"no udev record for {source} ({majmin}): cuFile cannot read the volume's attributes, "
@@ -166,7 +166,7 @@ def _udev_record(
             "back to the arena path",
         )
     )
-    fixes.append(
+    notes.fixes.append(
         "run udev (systemd-udevd, then `udevadm trigger --subsystem-match=block`); in a container, "
         "mount the host's /run/udev read-only (-v /run/udev:/run/udev:ro)"
     )
@@ -176,23 +176,23 @@ def _backing(
     ctx: Context,
     majmin: str,
     source: str,
-    ev: list[Evidence],
-    findings: list[tuple[Status, str]],
-    fixes: list[str],
+    notes: Notes,
 ) -> str:
     if not _on_block_device(majmin, source):
         return source
     src = block_source(ctx)
     syspath = src.lookup(majmin)
     if syspath is None:
-        ev.append(Evidence(f"/sys/dev/block/{majmin}", "not found", "file"))
-        findings.append((Status.UNKNOWN, f"block device {majmin} not found in sysfs"))
+        notes.evidence.append(Evidence(f"/sys/dev/block/{majmin}", "not found", "file"))
+        notes.findings.append((Status.UNKNOWN, f"block device {majmin} not found in sysfs"))
         return source
     node = classify(src, syspath)
-    ev.append(Evidence(f"block stack ({src.name})", node.describe(), "file"))
+    notes.evidence.append(Evidence(f"block stack ({src.name})", node.describe(), "file"))
     props = src.props(syspath)
     if props:
-        ev.append(Evidence(f"udev {syspath}", ", ".join(f"{k}={v}" for k, v in props.items()), "file"))
+        notes.evidence.append(
+            Evidence(f"udev {syspath}", ", ".join(f"{k}={v}" for k, v in props.items()), "file")
+        )
     leaves = node.leaves()
     all_nvme = all(leaf.kind == "nvme" for leaf in leaves)
     fabric = [
@@ -205,43 +205,45 @@ def _backing(
         members = ", ".join(leaf.name for leaf in md.leaves())
         what = f"md {level} of {len(md.leaves())} ({members})"
         if level in MD_FASTPATH_LEVELS and all_nvme:
-            findings.append(
+            notes.findings.append(
                 (
                     Status.WARN,
                     f"ais-check reports HIPFILE=no for md, yet {level} on NVMe can serve the fast path: verify it",
                 )
             )
-            fixes.append(VERIFY_MD)
+            notes.fixes.append(VERIFY_MD)
         elif level in MD_FASTPATH_LEVELS:
-            findings.append((Status.WARN, "not all md members are NVMe, so GPU-direct falls back to POSIX"))
+            notes.findings.append(
+                (Status.WARN, "not all md members are NVMe, so GPU-direct falls back to POSIX")
+            )
         else:
-            findings.append(
+            notes.findings.append(
                 (
                     Status.WARN,
                     f"{level} routes I/O through the stripe cache, so GPU-direct always falls back",
                 )
             )
-            fixes.append(
+            notes.fixes.append(
                 "for GPU-direct use raid0/raid1/raid10 (or plain NVMe); the POSIX path is fine on this array"
             )
         desc = what
     elif lvm is not None:
         desc = f"LVM {lvm.detail.get('dm_name', '')} on {', '.join(leaf.name for leaf in leaves)}"
         if not all_nvme:
-            findings.append((Status.WARN, "LVM not entirely on NVMe: GPU-direct falls back to POSIX"))
+            notes.findings.append((Status.WARN, "LVM not entirely on NVMe: GPU-direct falls back to POSIX"))
     elif all_nvme:
         desc = f"NVMe {', '.join(leaf.name for leaf in leaves)}"
     else:
         kinds = ", ".join(sorted({leaf.kind for leaf in leaves}))
         desc = f"{node.name} ({kinds})"
-        findings.append((Status.WARN, f"backed by {kinds}, not NVMe: GPU-direct falls back to POSIX"))
-        fixes.append("for GPU-direct, put --long-path on local NVMe")
+        notes.findings.append((Status.WARN, f"backed by {kinds}, not NVMe: GPU-direct falls back to POSIX"))
+        notes.fixes.append("for GPU-direct, put --long-path on local NVMe")
     if node.find("crypt") or node.find("mpath"):
-        findings.append(
+        notes.findings.append(
             (Status.WARN, "dm-crypt or dm-multipath in the stack: GPU-direct falls back to POSIX")
         )
     if fabric:
-        findings.append(
+        notes.findings.append(
             (
                 Status.WARN,
                 f"NVMe over fabrics ({fabric[0].detail.get('transport')}): experimental for GPU-direct",
@@ -250,31 +252,35 @@ def _backing(
     if any(leaf.kind == "nvme" for leaf in leaves):
         mp = ctx.host.value("/sys/module/nvme_core/parameters/multipath")
         if mp is not None:
-            ev.append(Evidence(ctx.host.display("/sys/module/nvme_core/parameters/multipath"), mp))
+            notes.evidence.append(
+                Evidence(ctx.host.display("/sys/module/nvme_core/parameters/multipath"), mp)
+            )
         if mp == "Y":
-            findings.append((Status.WARN, "native NVMe multipath is on (nvme_core multipath=Y)"))
-            fixes.append(
+            notes.findings.append((Status.WARN, "native NVMe multipath is on (nvme_core multipath=Y)"))
+            notes.fixes.append(
                 "set `options nvme_core multipath=N` (hipFile's install guide asks for it) and reboot"
             )
     return desc
 
 
-def _live_probe(
-    directory: str, ev: list[Evidence], findings: list[tuple[Status, str]], fixes: list[str]
-) -> None:
+def _live_probe(directory: str, notes: Notes) -> None:
     probe = odirect_probe(directory)
-    ev.append(Evidence(f"O_DIRECT probe in {directory}", f"{probe.result}: {probe.detail}", "probe"))
+    notes.evidence.append(
+        Evidence(f"O_DIRECT probe in {directory}", f"{probe.result}: {probe.detail}", "probe")
+    )
     if probe.result == "no":
-        findings.append((Status.WARN, "O_DIRECT does not work there: GPU-direct cannot read these files"))
-        fixes.append("use a filesystem with O_DIRECT support (xfs, ext4) for GPU-direct")
+        notes.findings.append(
+            (Status.WARN, "O_DIRECT does not work there: GPU-direct cannot read these files")
+        )
+        notes.fixes.append("use a filesystem with O_DIRECT support (xfs, ext4) for GPU-direct")
     elif probe.result == "unverified":
-        findings.append((Status.UNKNOWN, f"O_DIRECT unverified ({probe.detail})"))
+        notes.findings.append((Status.UNKNOWN, f"O_DIRECT unverified ({probe.detail})"))
     if not os.access(directory, os.W_OK):
-        findings.append((Status.WARN, f"{directory} is not writable by uid {os.getuid()}"))
-        fixes.append("make the directory writable by the daemon's user")
+        notes.findings.append((Status.WARN, f"{directory} is not writable by uid {os.getuid()}"))
+        notes.fixes.append("make the directory writable by the daemon's user")
     try:
         du = shutil.disk_usage(directory)
-        ev.append(
+        notes.evidence.append(
             Evidence(
                 f"statvfs {directory}", f"{format_size(du.free)} free of {format_size(du.total)}", "probe"
             )

@@ -67,6 +67,13 @@ def _ancestors(path: str) -> list[str]:
     return ["/" + "/".join(parts[:i]) if i else "" for i in range(len(parts), -1, -1)]
 
 
+#: cgroup version -> (mount, limit file, usage file, throttle file or None)
+CGROUP_FILES: dict[int, tuple[str, str, str, str | None]] = {
+    1: ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes", None),
+    2: ("/sys/fs/cgroup", "memory.max", "memory.current", "memory.high"),
+}
+
+
 def cgroup_memory(ctx: Context, pid: int | str, who: str) -> CgroupMemory:
     """The effective memory limit of process ``pid`` (``self`` for the doctor's own)."""
     h = ctx.host
@@ -87,23 +94,12 @@ def cgroup_memory(ctx: Context, pid: int | str, who: str) -> CgroupMemory:
     out.evidence.append(Evidence(h.display(src), f"cgroup of {who}: " + (v1_path or v2_path or "?")))
     if v1_path is not None and h.is_dir("/sys/fs/cgroup/memory"):
         out.version, out.path = 1, v1_path
-        base, limit_name, cur_name, high_name = (
-            "/sys/fs/cgroup/memory",
-            "memory.limit_in_bytes",
-            "memory.usage_in_bytes",
-            None,
-        )
     elif v2_path is not None and h.exists("/sys/fs/cgroup/cgroup.controllers"):
         out.version, out.path = 2, v2_path
-        base, limit_name, cur_name, high_name = (
-            "/sys/fs/cgroup",
-            "memory.max",
-            "memory.current",
-            "memory.high",
-        )
     else:
         out.error = "no memory cgroup (neither /sys/fs/cgroup/memory/ nor cgroup v2's /sys/fs/cgroup/cgroup.controllers)"
         return out
+    base, limit_name, cur_name, high_name = CGROUP_FILES[out.version]
     dirs = [d for d in _ancestors(out.path) if h.is_dir(base + d)]
     if not dirs:
         # inside a cgroup namespace the path may not exist under this mount: the mount's root is ours

@@ -24,7 +24,7 @@ from infera.bench.procfs import rss_anon_bytes
 from infera.units import format_size, parse_size
 
 
-def _memcpy_gbps(size: int, rounds: int) -> float:
+def memcpy_gbps(size: int, rounds: int) -> float:
     """Two copies per chunk (in and out of a shared mapping), no daemon: the ceiling."""
     region = mmap.mmap(-1, size * 4)
     view = memoryview(region)
@@ -43,11 +43,12 @@ def _memcpy_gbps(size: int, rounds: int) -> float:
     return 2 * size * rounds / dt / 1e9
 
 
-def _kvd_gbps(c: Any, size: int, rounds: int) -> float:
-    """put + get_into through the daemon; one long-lived client, as an engine would hold."""
+def kvd_gbps(c: Any, size: int, rounds: int, prefix: str = "bench") -> float:
+    """put + get_into through the daemon; one long-lived client, as an engine would hold. Keys
+    are ``PREFIX-<i>`` (clients sharing a namespace give each their own prefix)."""
     src = os.urandom(size)
     dst = bytearray(size)
-    keys = [f"bench-{i}".encode() for i in range(rounds)]
+    keys = [f"{prefix}-{i}".encode() for i in range(rounds)]
     t = time.perf_counter()
     for key in keys:
         c.put(key, src, retention="short")
@@ -74,16 +75,16 @@ def run_arena_bench(chunk_size: str, rounds: int, json_out: bool, index_chunks: 
     ):
         # warm-up: touch every arena page once in this mapping, so both sides measure copies,
         # not first-touch page faults (a long-lived engine pays those once)
-        _kvd_gbps(c, size, arena // size)
-        _kvd_gbps(c_np, size, arena // size)
+        kvd_gbps(c, size, arena // size)
+        kvd_gbps(c_np, size, arena // size)
         # the three sides alternate, round after round, and each keeps its best: this VM's
         # memory bandwidth drifts by 20% within a minute, and one side measured in a good
         # minute against the other in a bad one would say more about the minute than the code
         mem, kvd, no_poll = [], [], []
         for _ in range(repeats):
-            mem.append(_memcpy_gbps(size, rounds))
-            kvd.append(_kvd_gbps(c, size, rounds))
-            no_poll.append(_kvd_gbps(c_np, size, rounds))
+            mem.append(memcpy_gbps(size, rounds))
+            kvd.append(kvd_gbps(c, size, rounds))
+            no_poll.append(kvd_gbps(c_np, size, rounds))
         res["memcpy_gbps"] = max(mem)
         res["kvd_gbps"] = max(kvd)
         res["put_get_ratio"] = res["kvd_gbps"] / res["memcpy_gbps"]

@@ -14,6 +14,8 @@ from typing import Any
 
 import typer
 
+from infera.loadreport import DEFAULT_POLICY
+
 bench_app = typer.Typer(
     help="Benchmarks that print ratios against a baseline measured in the same run.",
     no_args_is_help=True,
@@ -178,8 +180,46 @@ def gpu_e2e(
     native_cpu_gb: float = typer.Option(8.0, "--native-cpu-gb", help="cpu_bytes_to_use of vLLM's connector."),
     timeout: float = typer.Option(420.0, "--timeout", help="Seconds allowed per engine process."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    gemma3_sizes: str = typer.Option(
+        "16384",
+        "--gemma3-sizes",
+        help="Prompt lengths of the Gemma-3-12B-shaped hybrid rows (sliding-window layers, vLLM's "
+        "hybrid KV cache manager on); empty for none.",
+    ),
+    sweep: str = typer.Option(
+        "",
+        "--sweep",
+        help="More prompt lengths for the Llama rows, and a plot of TTFT against length "
+        "(ttft_vs_length.png); 'default' is 512,1024,2048,4096,8192,16384. Off unless given.",
+    ),
+    partial: str = typer.Option(
+        "1024,4096",
+        "--partial",
+        help="New tokens after the largest cached Llama prompt (multi-turn partial hits); empty for none.",
+    ),
+    load_policy: str = typer.Option(
+        DEFAULT_POLICY,
+        "--load-policy",
+        help="INFERA_KVD_LOAD_POLICY of the kvd engines: always, auto or never.",
+    ),
 ) -> None:
     """TTFT on a GPU with vLLM: recompute, vLLM native CPU hit, kvd RAM/cross-engine/disk hits, GPU hit."""
+
+
+@bench_app.command("scale")
+@runs("scale", "run_scale_bench")
+def scale(
+    quick: bool = typer.Option(
+        False, "--quick", help="Small sizes (well under a minute; what the CPU test runs)."
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Print the results as one JSON object."),
+    out: str = typer.Option(
+        "kvd-bench-scale", "--out", help="Directory for results.json, scale.md and the log-scale plots."
+    ),
+    only: str = typer.Option("", "--only", help="Parts: index, restart, concurrency, namespaces, cpu."),
+    restart_files: str = typer.Option("", "--restart-files", help="Restart part's file counts: 1000000,..."),
+) -> None:
+    """How cost grows: 10k to 1M chunks, restart with 1M files, 1 to 16 clients, namespaces, CPU."""
 
 
 def register(app: typer.Typer) -> None:

@@ -14,18 +14,23 @@ from infera.kvd.process import temp_daemon
 if TYPE_CHECKING:
     from rich.table import Table
 
-__all__ = ["machine_line", "median_us", "ratio_table", "temp_daemon"]
+__all__ = ["machine_line", "median_us", "ratio_table", "temp_daemon", "timed"]
+
+
+def timed(fn: Callable[[], Any], reps: int, warmup: int = 5) -> list[float]:
+    """Seconds of each of ``reps`` calls of ``fn`` (after ``warmup`` untimed ones)."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
 
 
 def median_us(fn: Callable[[], Any], n: int, warmup: int = 20) -> float:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    return statistics.median(samples) * 1e6
+    return statistics.median(timed(fn, n, warmup)) * 1e6
 
 
 def ratio_table(title: str, subject: str) -> Table:

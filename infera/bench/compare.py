@@ -227,7 +227,8 @@ def run_compare(
 
 
 def write_outputs(results: dict[str, Any], out_dir: Path, docs_path: Path | None) -> None:
-    from infera.bench.compare_report import markdown, plot_all
+    from infera.bench.compare_plots import plot_all
+    from infera.bench.compare_report import markdown
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))

@@ -113,12 +113,22 @@ class MooncakePeer:
         self.s.close()
 
 
-class LMCacheServerPeer:
-    """No delete on its wire: every round uses new keys and the server keeps them all."""
+class TcpPeer:
+    """A peer on one loopback TCP connection with Nagle off."""
 
     def __init__(self, port: int) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class LMCacheServerPeer(TcpPeer):
+    """No delete on its wire: every round uses new keys and the server keeps them all."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(port)
         self.reply = bytearray(REPLY.size)
         self.n = 0
 
@@ -157,16 +167,9 @@ class LMCacheServerPeer:
     def delete(self, keys: Sequence[str]) -> None:
         pass
 
-    def close(self) -> None:
-        self.sock.close()
 
-
-class RedisPeer:
+class RedisPeer(TcpPeer):
     """A minimal RESP client: a bulk reply is read straight into the caller's buffer."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _cmd(self, *parts: bytes | memoryview) -> None:
         head = b"*%d\r\n" % len(parts)
@@ -215,9 +218,6 @@ class RedisPeer:
         if keys:
             self._cmd(b"DEL", *[k.encode() for k in keys])
             self._line()
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def memcpy_gbps(size: int, count: int, rounds: int) -> dict[str, float]:

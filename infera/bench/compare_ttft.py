@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from infera.bench.compare_runs import Tracker
+from infera.kvd.process import kill_child
 
 ERROR_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+)$")
 HARMLESS = ("Tokenizer not available",)
@@ -111,8 +112,7 @@ def run_engine(
         try:
             proc.wait(max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            kill_child(proc)
     log_text = log_path.read_text(errors="replace")
     out: dict[str, Any] = {"requests": results, "log_errors": _log_errors(log_text), "log": str(log_path)}
     if final is not None:

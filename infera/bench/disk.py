@@ -35,6 +35,7 @@ NS = "bench-disk"
 READ_BATCH = 8
 ROUNDS = 3
 POLL_S = 0.005  # a wait inside a timed section ends within 5 ms of what it waits for
+INDEX_WAIT_S = 900  # a scan of a million files on a loaded 2-core machine can take minutes
 
 
 def _drop_cache(path: str) -> None:
@@ -160,16 +161,16 @@ def _tier_read(sock: str, keys: list[bytes], size: int, warm_arena: int) -> floa
     return dt
 
 
-def plant_chunk_files(root: str, namespace: str, count: int, payload: bytes) -> list[bytes]:
+def plant_chunk_files(root: str, namespace: str, count: int, payload: bytes, start: int = 0) -> list[bytes]:
     """Write ``count`` chunk files of ``payload`` straight into a disk tier at ``root``, laid out and
-    framed as the daemon writes them (keys: 0, 1, ... as 16 big-endian bytes), with no daemon and
-    no fsync; returns the keys."""
+    framed as the daemon writes them (keys: ``start``, ``start + 1``, ... as 16 big-endian bytes),
+    with no daemon and no fsync; returns the keys."""
     from infera.kvd import chunkfile as cf
 
     digest = cf.ns_digest(namespace)
     header = cf.make_header(namespace, b"k", payload)
     made: set[str] = set()
-    keys = [i.to_bytes(16, "big") for i in range(count)]
+    keys = [i.to_bytes(16, "big") for i in range(start, start + count)]
     for key in keys:
         header.key = key
         path = os.path.join(root, cf.relpath(digest, key))
@@ -187,12 +188,18 @@ def _generate(root: str, files: int) -> float:
     return time.perf_counter() - t
 
 
-def _start_times(long_path: str, files: int) -> dict[str, float]:
+def start_times(long_path: str, files: int) -> dict[str, Any]:
+    """Start a daemon on a disk tier holding ``files`` chunk files (planted in namespace NS): the
+    seconds to its first answer (``serving_s``) and to a loaded index (``loaded_s``; the tier's own
+    ``index_load_s``), how the index was loaded (``index_source``: snapshot or scan), and its
+    anonymous resident memory once loaded (``rss_anon_bytes``). The daemon stops cleanly, so it
+    leaves an index snapshot for the next start."""
+    from infera.bench.procfs import rss_anon_bytes
     from infera.kvd.client import KvdClient
 
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     t = time.perf_counter()
-    with temp_daemon("--max-bytes", "64M", "--long-path", long_path, "--long-bytes", "1T") as (sock, _p):
+    with temp_daemon("--max-bytes", "64M", "--long-path", long_path, "--long-bytes", "1T") as (sock, proc):
         out["serving_s"] = time.perf_counter() - t
         with KvdClient(sock, namespace=NS, name="kvd-bench") as c:
             if files:
@@ -200,14 +207,16 @@ def _start_times(long_path: str, files: int) -> dict[str, float]:
                 out["lookup_while_loading"] = float(c.lookup(probe))
             st = wait_until(
                 lambda: (s := c.stats()["tiers"]["long"])["state"] != "loading" and s,
-                120,
+                INDEX_WAIT_S,
                 "index load",
                 POLL_S,
             )
             out["loaded_s"] = time.perf_counter() - t
             out["index_load_s"] = st["index_load_s"]
+            out["index_source"] = st.get("index_source")
             if st["chunks"] != files:
                 raise KvdError(f"benchmark: indexed {st['chunks']} chunk files, expected {files}")
+            out["rss_anon_bytes"] = rss_anon_bytes(proc.pid)
     return out
 
 
@@ -287,8 +296,8 @@ def run_disk_bench(
             res["files"] = files
             res["generate_s"] = _generate(many, files)
             os.sync()  # let the writeback of the new files settle before timing the starts
-            res["start_empty"] = _start_times(empty, 0)
-            res["start_with_files"] = _start_times(many, files)
+            res["start_empty"] = start_times(empty, 0)
+            res["start_with_files"] = start_times(many, files)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     if json_out:
@@ -344,4 +353,4 @@ def _print_table(res: dict[str, Any]) -> None:
     Console().print(t)
 
 
-__all__ = ["plant_chunk_files", "run_disk_bench"]
+__all__ = ["NS", "plant_chunk_files", "run_disk_bench", "start_times"]

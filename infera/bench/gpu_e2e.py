@@ -2,7 +2,9 @@
 CPU offloading, all measured in one run.
 
 Rows, per prompt length (default 4k and 16k tokens), for a Llama-3.1-8B-shaped model with dummy
-weights in bf16:
+weights in bf16, and (``--gemma3-sizes``, default 16k) for a Gemma-3-12B-shaped one, the hybrid
+row set: five 1,024-token sliding-window layers per global one, vLLM's hybrid KV cache manager on
+for both connectors (each engine reports it; the summary says so per role), no disk rows:
 
 | row | how |
 |---|---|
@@ -18,8 +20,10 @@ to recompute and to the native CPU hit; the effective load bandwidth of a hit is
 loaded over its TTFT minus the warm-hit TTFT, next to the pinned host-to-device ceiling measured
 at the start of the run, and the worker's own DMA rate.
 
-Correctness: the same processes first run a small Llama with real (random-initialised, saved)
-weights, greedy, several output tokens: every hit case must give recompute's tokens.
+Correctness: the same processes first run a small Llama and a small Gemma-3-style model (a
+200-token window, so chunks store only the window's tail of the sliding groups) with real
+(random-initialised, saved) weights, greedy, several output tokens: every hit case must give
+recompute's tokens.
 
 Processes: ``native`` (one engine per model), ``kvd-a`` (stores, same-engine hits), ``kvd-b``
 (cross-engine hits; then the orchestrator restarts the daemon and drops the page cache; then disk
@@ -35,82 +39,17 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from infera import loadreport
+from infera.bench import gpu_e2e_report as report
+from infera.bench.gpu_e2e_models import build_models, loaded_bytes
 from infera.bench.ttft import prompt_lengths
-from infera.errors import KvdError
-from infera.kvd.process import DaemonProcess
-
-LLAMA_8B = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 128256,
-    "max_position_embeddings": 131072,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0,
-    "hidden_act": "silu",
-    "rope_scaling": {
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-        "rope_type": "llama3",
-    },
-    "tie_word_embeddings": False,
-    "bos_token_id": 128000,
-    "eos_token_id": 128001,
-    "torch_dtype": "bfloat16",
-    "attention_bias": False,
-    "mlp_bias": False,
-}
-SMALL = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4}
-SMALL.update(num_key_value_heads=2, head_dim=32, vocab_size=4096)
-
-
-def _kv_bytes_per_token(cfg: dict[str, Any], elem: int = 2) -> int:
-    return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * elem
-
-
-def build_timing_model(path: Path, small: bool) -> dict[str, Any]:
-    cfg = dict(LLAMA_8B)
-    if small:
-        cfg.update(SMALL)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(cfg))
-    return cfg
-
-
-def build_check_model(path: Path, small: bool) -> dict[str, Any]:
-    """A small Llama with real (random-initialised, saved) weights: the token oracle."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    dims = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4)
-    if not small:
-        dims = dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8)
-    cfg = LlamaConfig(
-        **dims,
-        num_key_value_heads=dims["num_attention_heads"],
-        head_dim=64 if not small else 32,
-        vocab_size=1000,
-        max_position_embeddings=4096,
-        initializer_range=0.2,
-        bos_token_id=1,
-        eos_token_id=2,
-        tie_word_embeddings=False,
-        torch_dtype="bfloat16",
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
-    return json.loads((path / "config.json").read_text())
+from infera.errors import KvdError, UsageError
+from infera.kvd.process import DaemonProcess, kill_group
 
 
 def drop_page_cache(root: Path) -> str:
@@ -155,10 +94,15 @@ def run_engine(
         stderr=log,
         text=True,
         env=env,
+        start_new_session=True,  # its helpers (vLLM's resource tracker) go with it
     )
     records: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None and proc.stdin is not None
+    # an engine that prints nothing more is not waited for past its time either
+    watchdog = threading.Timer(timeout + 60, kill_group, (proc,))
+    watchdog.daemon = True
+    watchdog.start()
     try:
         for line in proc.stdout:
             line = line.rstrip("\n")
@@ -177,13 +121,14 @@ def run_engine(
                 records.append(rec)
                 with open(logdir / "records.jsonl", "a") as fh:  # survives a run cut short
                     fh.write(json.dumps(rec) + "\n")
+            if kind == "DONE":  # a helper it left behind may hold stdout open: stop reading
+                break
             if time.monotonic() > deadline:
                 raise KvdError(f"engine {role} ran past {timeout:.0f} s")
         proc.wait(30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        watchdog.cancel()
+        kill_group(proc)
         log.close()
     if not any(r["_kind"] == "DONE" for r in records):
         tail = (logdir / f"engine-{role}.log").read_text(errors="replace")[-1500:]
@@ -197,7 +142,7 @@ def _median(rows: list[dict[str, Any]], key: str = "ms") -> float | None:
 
 
 def summarize(
-    records: list[dict[str, Any]], models: list[dict[str, Any]], ceiling: float | None
+    records: list[dict[str, Any]], models: list[dict[str, Any]], ceiling: float | None, policy: str = "auto"
 ) -> dict[str, Any]:
     """Rows per model and size, ratios, bandwidth and the token check."""
     out: dict[str, Any] = {"models": []}
@@ -216,8 +161,11 @@ def summarize(
                 "kvd RAM hit, same engine": a.get("hit") or [],
                 "kvd RAM hit, other engine": b.get("cross") or [],
                 "kvd disk hit after restart": d.get("disk") or [],
+                "kvd hit after the disk hit": d.get("after_disk") or [],
                 "warm GPU prefix hit": warm,
             }
+            if not cases["kvd hit after the disk hit"]:  # records of a run before it was measured
+                del cases["kvd hit after the disk hit"]
             rec = _median(cases["recompute"])
             nat_ms = _median(cases["native CPU hit"])
             rows = []
@@ -227,31 +175,42 @@ def summarize(
             # the last bits (other kernel shapes); it is shown, not required.
             ref = (a.get("warm") or nat.get("warm") or [{}])[0].get("tokens")
             disk_ref = [x.get("tokens") for x in a.get("disk_warm") or []]
+            disk_ref_cases = ("kvd disk", "kvd hit after the disk")
             for name, samples in cases.items():
                 ms = _median(samples)
                 row: dict[str, Any] = {"case": name, "ms": ms, "n": len(samples)}
+                row.update(report.policy_fields(name, samples, policy))
                 row["vs_recompute"] = ms / rec if ms and rec else None
                 row["vs_native"] = ms / nat_ms if ms and nat_ms else None
                 if samples and name not in ("recompute", "warm GPU prefix hit"):
                     cached = statistics.median(s.get("cached", 0) for s in samples)
                     row["cached_tokens"] = cached
                     if ms and floor and ms > floor:
-                        row["load_gbps"] = cached * m["bytes_per_token"] / ((ms - floor) / 1000) / 1e9
+                        row["load_gbps"] = loaded_bytes(m, cached) / ((ms - floor) / 1000) / 1e9
                     dma = [s for s in samples if s.get("load_dma_us")]
                     if dma:
                         row["dma_gbps"] = statistics.median(
                             s["load_dma_bytes"] / s["load_dma_us"] / 1e3 for s in dma
                         )
                 if samples and name != "recompute":
-                    want = disk_ref if name.startswith("kvd disk") else [ref] * len(samples)
+                    disk_case = name.startswith(disk_ref_cases)
+                    want = disk_ref if disk_case else [ref] * len(samples)
                     got = [s.get("tokens") for s in samples]
                     row["tokens_match"] = bool(ref) and all(
                         w is not None and g == w for g, w in zip(got, want, strict=False)
                     )
+                    splits = a.get("disk_split_ref") if disk_case else [a.get("split_ref")] * len(samples)
+                    row.update(report.cut_check(samples, splits or [], n))
                 if name == "recompute" and samples:
                     row["tokens_match"] = bool(ref) and all(s.get("tokens") == ref for s in samples)
                 rows.append(row)
+            hma = {
+                r.get("role"): r.get("hma")
+                for r in records
+                if r["_kind"] == "INFO" and r.get("model") == m["name"] and "hma" in r
+            }
             extra = {
+                "hybrid_manager": hma or None,
                 "native_store_ms": (nat.get("store") or {}).get("ms"),
                 "kvd_store_ms": (a.get("store") or {}).get("ms"),
                 "seal_wait_s": a.get("seal_wait_s"),
@@ -260,51 +219,6 @@ def summarize(
                 {"model": m["name"], "tokens": n, "rows": rows, "ceiling_h2d_gbps": ceiling, **extra}
             )
     return out
-
-
-def render(summary: dict[str, Any]) -> str:
-    lines = []
-    for block in summary["models"]:
-        ceil = block.get("ceiling_h2d_gbps")
-        head = f"{block['model']}, {block['tokens']} tokens"
-        if ceil:
-            head += f" (pinned H2D ceiling {ceil:.1f} GB/s)"
-        lines.append(head)
-        lines.append(
-            f"  {'case':<28} {'TTFT ms':>8} {'/recomp':>8} {'/native':>8} {'GB/s>warm':>9} {'DMA GB/s':>8} tokens vs warm hit"
-        )
-        for r in block["rows"]:
-
-            def f(v: Any, fmt: str) -> str:
-                return format(v, fmt) if isinstance(v, int | float) else "-"
-
-            match = {True: "same", False: "DIFFER", None: "-"}[r.get("tokens_match")]
-            if r["case"] == "recompute" and r.get("tokens_match") is False:
-                match = "differs*"
-            lines.append(
-                f"  {r['case']:<28} {f(r['ms'], '8.1f')} {f(r['vs_recompute'], '8.2f')} "
-                f"{f(r['vs_native'], '8.2f')} {f(r.get('load_gbps'), '9.1f')} {f(r.get('dma_gbps'), '8.1f')} {match}"
-            )
-        if any(r["case"] == "recompute" and r.get("tokens_match") is False for r in block["rows"]):
-            lines.append(
-                "  * a full prefill computes the last token with other kernel shapes than a hit does; "
-                "hits are checked against the warm GPU hit"
-            )
-        dma = [r["dma_gbps"] for r in block["rows"] if r.get("dma_gbps")]
-        if dma and ceil:
-            lines.append(
-                f"  DMA GB/s: the worker's own load rate (CUDA events), {min(dma) / ceil:.2f} to "
-                f"{max(dma) / ceil:.2f} of the ceiling; GB/s>warm: KV bytes over (TTFT - warm TTFT), "
-                "above the link when the loads overlap the step's CPU work"
-            )
-        extras = [
-            f"{k} {v:.1f}"
-            for k, v in block.items()
-            if k.endswith(("_ms", "_s")) and isinstance(v, int | float)
-        ]
-        if extras:
-            lines.append("  " + ", ".join(extras))
-    return "\n".join(lines)
 
 
 def run_gpu_e2e(
@@ -317,14 +231,41 @@ def run_gpu_e2e(
     native_cpu_gb: float = 8.0,
     timeout: float = 420.0,
     json_out: bool = False,
+    gemma3_sizes: str = "16384",
+    sweep: str = "",
+    partial: str = "1024,4096",
+    load_policy: str = loadreport.DEFAULT_POLICY,
 ) -> dict[str, Any]:
     python = python or sys.executable
+    if load_policy not in loadreport.POLICIES:
+        raise UsageError(f"--load-policy {load_policy!r} must be one of {', '.join(loadreport.POLICIES)}")
     lengths = prompt_lengths(sizes, 512)
+    if sweep.strip():
+        lengths += prompt_lengths(
+            report.SWEEP_DEFAULT if sweep.strip() == "default" else sweep, 512, "--sweep"
+        )
+    lengths = sorted(set(lengths))
+    extras = prompt_lengths(partial, 1, "--partial") if partial.strip() else []
+    hybrid = prompt_lengths(gemma3_sizes, 512, flag="--gemma3-sizes") if gemma3_sizes.strip() else []
     workdir = Path(tempfile.mkdtemp(prefix="kvd-e2e-", dir="/tmp"))
     logdir = Path(out) if out else workdir
     logdir.mkdir(parents=True, exist_ok=True)
     try:
-        return _run(python, lengths, repeat, small, check, workdir, logdir, native_cpu_gb, timeout, json_out)
+        opts = {"sweep": bool(sweep.strip()), "partial": extras, "load_policy": load_policy}
+        return _run(
+            python,
+            lengths,
+            repeat,
+            small,
+            check,
+            workdir,
+            logdir,
+            native_cpu_gb,
+            timeout,
+            json_out,
+            hybrid,
+            opts,
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -340,8 +281,11 @@ def _run(
     native_cpu_gb: float,
     timeout: float,
     json_out: bool,
+    hybrid: list[int],
+    opts: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    models: list[dict[str, Any]] = []
+    opts = opts or {}
+    policy = str(opts.get("load_policy", loadreport.DEFAULT_POLICY))
     ceiling = None
     try:
         import torch
@@ -352,46 +296,31 @@ def _run(
             ceiling = pinned_ceiling(torch.device("cuda"), size=1 << 30)[0]
     except ImportError:
         pass
-    if check:
-        cfg = build_check_model(workdir / "check", small)
-        # k whole chunks (256 tokens here) + 1: every hit kind computes exactly one token
-        check_sizes = [513, 1025] if small else [1025, 2817]
-        models.append(
-            {
-                "name": "check: Llama, real random weights",
-                "path": str(workdir / "check"),
-                "max_model_len": 4096,
-                "max_num_batched_tokens": 4096,
-                "sizes": check_sizes,
-                "max_tokens": 8,
-                "vocab": cfg["vocab_size"],
-                "bytes_per_token": _kv_bytes_per_token(cfg),
-                "gpu_memory_utilization": 0.1,
-                "native_cpu_bytes": 1 << 30,
-            }
-        )
-    cfg = build_timing_model(workdir / "timing", small)
-    max_len = max(lengths)
-    models.append(
-        {
-            "name": "Llama-3.1-8B shape, dummy weights" if not small else "small Llama, dummy weights",
-            "path": str(workdir / "timing"),
-            "load_format": "dummy",
-            "max_model_len": max_len + 512,
-            "max_num_batched_tokens": max(max_len, 2048),
-            "sizes": lengths,
-            "max_tokens": 1,
-            "vocab": cfg["vocab_size"],
-            "bytes_per_token": _kv_bytes_per_token(cfg),
-            "gpu_memory_utilization": 0.3,
-        }
-    )
-    need = sum((repeat + 2) * n * m["bytes_per_token"] for m in models for n in m["sizes"])
-    arena = int(need * 1.3) + (1 << 30)
+    models = build_models(workdir, lengths, small, check, hybrid, opts.get("partial"))
+
+    # what the daemon keeps: every stored prompt (a hybrid model's chunks store each sliding
+    # group's whole chunks when the window is longer than a chunk, so count full-length KV);
+    # models without disk rows store in RAM only (retention short): no long-tier room for them
+    def need(m: dict[str, Any], n: int) -> int:
+        per = m["bytes_per_token"] + m.get("window_bytes_per_token", 0)
+        return (repeat + 2 if m.get("disk", True) else 2) * n * per
+
+    # partial hits store each request's new tokens too (a new suffix per request)
+    turns = sum(repeat * x * m["bytes_per_token"] for m in models for x in m.get("partial") or [])
+    ram = sum(need(m, n) for m in models for n in m["sizes"]) + turns
+    disk = sum(need(m, n) for m in models for n in m["sizes"] if m.get("disk", True)) + turns
+    arena = int(ram * 1.3) + (1 << 30)
     long_path = workdir / "long"
     daemon = DaemonProcess(
         str(workdir / "kvd.sock"),
-        ["--max-bytes", str(arena), "--long-path", str(long_path), "--long-bytes", str(int(arena * 1.5))],
+        [
+            "--max-bytes",
+            str(arena),
+            "--long-path",
+            str(long_path),
+            "--long-bytes",
+            str(int((disk * 1.3 + (1 << 30)) * 1.5)),
+        ],
         workdir / "daemon.log",
         python=python,
         log_level="info",
@@ -411,6 +340,7 @@ def _run(
         "INFERA_KVD_SOCKET": daemon.socket,
         "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0"),
         "INFERA_KVD_REPORT_EVERY_S": "0",
+        "INFERA_KVD_LOAD_POLICY": policy,
         "VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0"),
         "HF_HUB_OFFLINE": "1",
         "PYTHONUNBUFFERED": "1",
@@ -436,7 +366,16 @@ def _run(
     finally:
         daemon.stop(timeout=120)
         shutil.copy(daemon.log_path, logdir / "daemon.log") if logdir != workdir else None
-    summary = summarize(records, models, ceiling)
+    summary = summarize(records, models, ceiling, policy)
+    timing = next(m["name"] for m in models if m["name"].startswith(("Llama", "small Llama")))
+    summary["load_policy"] = policy
+    summary["partial"] = report.partial_rows(records, policy)
+    summary["sweep"] = report.sweep_table(summary, timing) if opts.get("sweep") else []
+    summary["plot"] = (
+        report.plot(summary["sweep"], logdir / "ttft_vs_length.png", f"{timing}, policy {policy}")
+        if opts.get("sweep")
+        else None
+    )
     summary.update(
         date=time.strftime("%Y-%m-%d"),
         seconds=round(time.monotonic() - started),
@@ -449,7 +388,8 @@ def _run(
     if json_out:
         print(json.dumps(summary, indent=2))
     else:
-        print(render(summary))
+        print(report.render_rows(summary))
+        print(report.render(summary["partial"], summary["sweep"], summary["plot"]))
         for e in summary["errors"]:
             print(f"{e['_kind']}: {json.dumps(e)[:400]}")
     return summary

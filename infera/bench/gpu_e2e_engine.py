@@ -10,9 +10,19 @@
   (cache reset before each) and ``repeat`` warm GPU hits.
 * ``kvd-b``: a second kvd engine started after ``kvd-a`` exited: ``repeat`` cross-engine RAM
   hits of the main prompt; then it prints ``RESTART`` and waits for ``GO`` on stdin while the
-  orchestrator restarts the daemon (page cache dropped); then one disk hit per disk prompt.
+  orchestrator restarts the daemon (page cache dropped); then one disk hit per disk prompt, and
+  once more each of them (``after_disk``): the RAM hit a prewarm, or the disk hit's own read,
+  left in the daemon.
 
-Each model of the spec (a small real-weight one for correctness, the timing one) gets its own
+Partial hits (a model with ``"partial": [extra, ...]`` at size ``"partial_at"``): the main prompt
+followed by ``extra`` new tokens (a new suffix per request): ``native`` and ``kvd-a`` time it once
+the main prompt is stored, ``kvd-a`` also recomputes it (retention ``none``) before storing.
+kvd engines run with ``INFERA_KVD_LOAD_POLICY`` from the orchestrator; each kvd hit records the
+tokens the scheduler skipped as slower than recompute and the chunks it prewarmed.
+
+A model with ``"disk": false`` (the Gemma-3 rows) is stored in RAM only and has no disk rows.
+
+Each model of the spec (small real-weight ones for correctness, the timing ones) gets its own
 ``LLM``, created in turn and kept alive. Before measuring, every engine serves a 512-token prompt
 twice (the second time a GPU hit) and one prompt of each length (first-shape warm-up). Time to
 first token is the wall time of ``generate`` for ``max_tokens`` tokens (1 for timing models).
@@ -83,7 +93,17 @@ class Engine:
         started = time.perf_counter()
         self.llm = LLM(**kw)
         self.start_s = time.perf_counter() - started
-        emit("INFO", model=model["name"], role=role, engine_start_s=round(self.start_s, 1))
+        vc = self.llm.llm_engine.vllm_config
+        hma = not bool(getattr(vc.scheduler_config, "disable_hybrid_kv_cache_manager", False))
+        policy = os.environ.get("INFERA_KVD_LOAD_POLICY", "auto") if role != "native" else None
+        emit(
+            "INFO",
+            model=model["name"],
+            role=role,
+            engine_start_s=round(self.start_s, 1),
+            hma=hma,
+            load_policy=policy,
+        )
 
     def gen(self, ids: list[int], retention: str | None = None) -> dict[str, Any]:
         from vllm.inputs import TokensPrompt
@@ -130,13 +150,13 @@ class Engine:
 
 
 # -- daemon counters (kvd roles) -------------------------------------------------------------------
-def worker_counters(model_path: str) -> dict[str, float]:
+def worker_counters(model_path: str, role: str = "vllm-worker") -> dict[str, float]:
     from infera.kvd.client import KvdClient, KvdClientError
 
     try:
         with KvdClient(os.environ["INFERA_KVD_SOCKET"], want_arena=False, timeout=5) as c:
             for cl in c.stats().get("clients", []):
-                if str(cl.get("role", "")).startswith("vllm-worker") and cl.get("model") == model_path:
+                if str(cl.get("role", "")).startswith(role) and cl.get("model") == model_path:
                     return dict(cl.get("counters") or {})
     except KvdClientError:
         pass
@@ -164,10 +184,34 @@ def wait_stored(timeout: float = 120.0) -> float:
     return time.monotonic() - started
 
 
+def prewarmed_total() -> int:
+    from infera.kvd.client import KvdClient
+
+    with KvdClient(os.environ["INFERA_KVD_SOCKET"], want_arena=False, timeout=5) as c:
+        return int(((c.stats().get("tiers") or {}).get("long") or {}).get("prewarmed", 0) or 0)
+
+
+def wait_prewarmed(since: int, chunks: int, timeout: float = 20.0) -> float:
+    """Until the daemon promoted ``chunks`` more chunks than ``since`` (the disk hits' prewarms)."""
+    started = time.monotonic()
+    while chunks > 0 and prewarmed_total() < since + chunks and time.monotonic() - started < timeout:
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def scheduler_counters(model_path: str) -> dict[str, float]:
+    return worker_counters(model_path, "vllm-scheduler")
+
+
+SKIPPED = tuple(f"load_skipped_slower_tokens_{t}" for t in ("ram", "disk", "distributed"))
+
+
 def timed_hit(e: Engine, ids: list[int], retention: str | None = None) -> dict[str, Any]:
-    """One measured hit; for kvd engines also the worker's DMA figures for it."""
+    """One measured hit; for kvd engines also the worker's DMA figures for it and what the
+    load policy skipped."""
     kvd = e.role != "native"
     before = worker_counters(e.model["path"]) if kvd else {}
+    sched = scheduler_counters(e.model["path"]) if kvd else {}
     e.reset()
     r = e.gen(ids, retention)
     if kvd:
@@ -175,7 +219,32 @@ def timed_hit(e: Engine, ids: list[int], retention: str | None = None) -> dict[s
         after = worker_counters(e.model["path"])
         for k in ("load_dma_us", "load_dma_bytes", "load_us", "load_chunks", "load_direct_bytes"):
             r[k] = after.get(k, 0) - before.get(k, 0)
+        now = scheduler_counters(e.model["path"])
+        for k in (*SKIPPED, "prewarm_chunks", "load_skipped_policy_tokens"):
+            r[k] = now.get(k, 0) - sched.get(k, 0)
+        r["skipped_tokens"] = sum(r[k] for k in SKIPPED) + r["load_skipped_policy_tokens"]
     return r
+
+
+def split_refs(e: Engine, ids: list[int], step: int) -> dict[str, list[int]]:
+    """vLLM's own answer for a hit cut short at every ``step`` tokens: its prefix cache holding
+    the first ``L`` tokens (a request of them, just before), the rest computed. A kvd hit the
+    load policy cut at ``L`` must give these tokens (``L = 0``: a full prefill). Runs before the
+    daemon holds ``ids`` (retention ``none``), so every ``L`` is vLLM's cache alone."""
+    refs: dict[str, list[int]] = {}
+    for cut in range(0, len(ids), step):
+        e.reset()
+        if cut:
+            e.gen(ids[:cut], "none")
+        r = e.gen(ids, "none")
+        if r["cached"] == cut:  # the prefix cache held exactly the cut (else no reference)
+            refs[str(cut)] = r["tokens"]
+    return refs
+
+
+def turn(main: list[int], tag: str, extra: int, vocab: int) -> list[int]:
+    """The next turn of a conversation: the main prompt and ``extra`` new tokens."""
+    return main + prompt(f"turn-{tag}", extra, vocab)
 
 
 def run(spec: dict[str, Any], role: str) -> None:
@@ -193,6 +262,7 @@ def run(spec: dict[str, Any], role: str) -> None:
         for n in model["sizes"]:
             P = prompt("main", n, v)
             out: dict[str, Any] = {"model": model["name"], "role": role, "tokens": n}
+            extras = [int(x) for x in model.get("partial") or []] if n == model.get("partial_at") else []
             # warm GPU hits right after the full prefill: the tail is computed from the engine's
             # own KV, the reference every hit's tokens are checked against
             if role == "native":
@@ -203,21 +273,36 @@ def run(spec: dict[str, Any], role: str) -> None:
                 time.sleep(1.0)  # its saves are asynchronous
                 e.poke()
                 out["hit"] = [timed_hit(e, P) for _ in range(R)]
+                out["partial"] = {x: [timed_hit(e, turn(P, f"n{i}", x, v)) for i in range(R)] for x in extras}
             elif role == "kvd-a":
+                on_disk = bool(model.get("disk", True))
                 out["recompute"] = []
                 for _ in range(R):
                     e.reset()
                     out["recompute"].append(e.gen(P, "none"))
+                out["partial_recompute"] = {}
+                for x in extras:  # before the main prompt is stored: nothing to load
+                    out["partial_recompute"][x] = []
+                    for i in range(R):
+                        e.reset()
+                        out["partial_recompute"][x].append(e.gen(turn(P, f"r{i}", x, v), "none"))
+                step = int(model.get("split_tokens") or 0)
+                if step:  # references for hits the load policy cuts short (before any store)
+                    out["split_ref"] = split_refs(e, P, step)
+                    out["disk_split_ref"] = [
+                        split_refs(e, prompt(f"disk{i}", n, v), step) for i in range(R if on_disk else 0)
+                    ]
                 e.reset()
-                out["store"] = e.gen(P, "long")
+                out["store"] = e.gen(P, "long" if on_disk else "short")  # no disk rows: RAM only
                 out["warm"] = [e.gen(P) for _ in range(R)]
                 out["disk_store"], out["disk_warm"] = [], []
-                for i in range(R):
+                for i in range(R if on_disk else 0):
                     e.reset()
                     out["disk_store"].append(e.gen(prompt(f"disk{i}", n, v), "long"))
                     out["disk_warm"].append(e.gen(prompt(f"disk{i}", n, v)))
                 out["seal_wait_s"] = wait_stored()
                 out["hit"] = [timed_hit(e, P) for _ in range(R)]
+                out["partial"] = {x: [timed_hit(e, turn(P, f"k{i}", x, v)) for i in range(R)] for x in extras}
             else:
                 out["cross"] = [timed_hit(e, P) for _ in range(R)]
             emit("RESULT", **out)
@@ -233,9 +318,23 @@ def run(spec: dict[str, Any], role: str) -> None:
         e.reset()
         e.gen(prompt(f"reconnect-{time.time_ns()}", 512, v), "long")
         e.poke()
+        if not e.model.get("disk", True):
+            continue
         for n in e.model["sizes"]:
+            since = prewarmed_total()
             disk = [timed_hit(e, prompt(f"disk{i}", n, v)) for i in range(R)]
-            emit("RESULT", model=e.model["name"], role="kvd-disk", tokens=n, disk=disk)
+            # a disk hit judged slower than recompute was prewarmed: let the reads land first
+            waited = wait_prewarmed(since, int(sum(d.get("prewarm_chunks", 0) for d in disk)))
+            after = [timed_hit(e, prompt(f"disk{i}", n, v)) for i in range(R)]
+            emit(
+                "RESULT",
+                model=e.model["name"],
+                role="kvd-disk",
+                tokens=n,
+                disk=disk,
+                after_disk=after,
+                prewarm_wait_s=round(waited, 2),
+            )
 
 
 def main() -> None:

@@ -72,15 +72,15 @@ def _check_python(python: str) -> None:
         raise UsageError(f"{python} cannot import vllm", hint="point --python at a vLLM environment")
 
 
-def prompt_lengths(sizes: str, minimum: int) -> list[int]:
-    """The prompt lengths of a TTFT benchmark's ``--sizes`` (comma-separated token counts), each at
-    least ``minimum`` tokens."""
+def prompt_lengths(sizes: str, minimum: int, flag: str = "--sizes") -> list[int]:
+    """The prompt lengths of a TTFT benchmark's ``--sizes`` (or ``flag``: comma-separated token
+    counts), each at least ``minimum`` tokens."""
     try:
         lengths = [int(s) for s in sizes.split(",") if s.strip()]
     except ValueError:
-        raise UsageError(f"--sizes {sizes!r} must be comma-separated token counts") from None
+        raise UsageError(f"{flag} {sizes!r} must be comma-separated token counts") from None
     if not lengths or min(lengths) < minimum:
-        raise UsageError(f"--sizes needs prompt lengths of at least {minimum} tokens")
+        raise UsageError(f"{flag} needs prompt lengths of at least {minimum} tokens")
     return lengths
 
 

@@ -7,24 +7,7 @@ the mapped arena and seals it; a ``get`` leases a region, copies it out and rele
 The client is thread-safe (one lock around each request) and raises only :class:`KvdClientError`
 subclasses.
 
-What the client verifies before it trusts a daemon (one ``getsockopt`` and one ``fstat`` plus one
-``fcntl`` on top of the connect and HELLO round trip):
-
-* **who listens** (``SO_PEERCRED``, right after connect, before any byte is sent): the listener's
-  uid must be this process's own uid, root, or one of ``trust_uids=`` / ``$INFERA_KVD_TRUST_UID``
-  (comma-separated uids or user names). Anything else is :class:`KvdUntrusted`: another local
-  user's socket at a predictable path would otherwise receive every stored chunk and feed back
-  bytes of its choosing.
-* **the arena** passed at HELLO: a memfd whose size is sealed (``F_SEAL_SHRINK | F_SEAL_GROW``,
-  read with ``F_GET_SEALS``), at least as large as the announced ``arena_size``, and mappable.
-  An unsealed descriptor could be shrunk under the mapping (SIGBUS on the next access); only a
-  fake or outdated daemon sends one. Any failure is :class:`KvdArenaError`.
-* **a full accept queue** is not a failure: a connect refused with EAGAIN (hundreds of engines
-  connecting in one busy second, or a daemon paused for a moment) is retried with a short
-  backoff until ``timeout``. ECONNREFUSED (nobody listens) fails at once.
-
-It does not check the bytes a trusted daemon serves: every client the daemon serves can write
-the whole arena (docs/daemon.md, "Security model").
+Connecting, and what the client checks before it trusts a daemon: :mod:`infera.kvd.clientnet`.
 """
 
 from __future__ import annotations
@@ -32,163 +15,33 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-import socket
-import struct
 import sys
-import threading
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from infera.errors import KvdError
 from infera.kvd import protocol as P
+from infera.kvd.clientnet import (
+    TRUST_ENV,
+    KvdArenaError,
+    KvdClientError,
+    KvdFull,
+    KvdProtocolError,
+    KvdRefused,
+    KvdUnavailable,
+    KvdUnsupported,
+    KvdUntrusted,
+    check_peer,
+    connect,
+    default_spin,
+    error_of,
+)
+from infera.kvd.clientwire import Wire
 from infera.kvd.protocol import ArenaFdError, default_socket_path, map_arena
 
 Buffer = bytes | bytearray | memoryview
 
 
-class KvdClientError(KvdError):
-    """Base of every error the client raises."""
-
-
-class KvdUnavailable(KvdClientError):
-    """The daemon cannot be reached (not running, wrong socket, connection lost)."""
-
-
-class KvdRefused(KvdClientError):
-    """The daemon refused this process (its uid is not allowed)."""
-
-
-class KvdProtocolError(KvdClientError):
-    """The daemon answered with something this client does not understand, or a typed error."""
-
-    def __init__(self, message: str, code: str = "bad_request", hint: str | None = None) -> None:
-        super().__init__(message, hint)
-        self.code = code
-
-
-class KvdFull(KvdClientError):
-    """The arena cannot hold the chunk even after evicting everything evictable."""
-
-
-class KvdUnsupported(KvdProtocolError):
-    """The daemon does not offer this feature in its current configuration."""
-
-
-class KvdUntrusted(KvdClientError):
-    """The process listening on the socket runs as a uid this client does not trust."""
-
-
-class KvdArenaError(KvdClientError):
-    """The arena descriptor the daemon passed at HELLO is unusable (unsealed, short, unmappable)."""
-
-
-TRUST_ENV = "INFERA_KVD_TRUST_UID"
-_PEERCRED = struct.Struct("3i")
-CONNECT_BACKOFF_MAX_S = 0.05  # longest pause between two connect attempts on a full accept queue
-
-
-def _env_trust_uids() -> set[int]:
-    """``$INFERA_KVD_TRUST_UID``: uids or user names, comma-separated (read at each connect)."""
-    raw = os.environ.get(TRUST_ENV, "")
-    uids: set[int] = set()
-    for item in raw.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        if item.isdigit():
-            uids.add(int(item))
-            continue
-        import pwd
-
-        try:
-            uids.add(pwd.getpwnam(item).pw_uid)
-        except KeyError:
-            raise KvdClientError(
-                f"{TRUST_ENV}: {item!r} is not a uid or a user name", hint=f"e.g. {TRUST_ENV}=0,1001"
-            ) from None
-    return uids
-
-
-def _connect(path: str, timeout: float | None) -> socket.socket:
-    """Connect, retrying while the daemon's accept queue is full (EAGAIN) until ``timeout``.
-
-    A Unix socket refuses a connect at once with EAGAIN when the listener's backlog is full,
-    however long the timeout: a busy second (hundreds of engines starting together) or a daemon
-    paused for a moment would fail them all. ECONNREFUSED means nobody listens: no retry."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    pause = 0.001
-    while True:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
-        try:
-            sock.connect(path)
-            return sock
-        except BlockingIOError:  # EAGAIN: the accept queue is full
-            sock.close()
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise KvdUnavailable(
-                    f"kvd at {path} did not accept the connection in time (its accept queue stayed full)",
-                    hint="the daemon is overloaded or stopped; `kvd stat --socket PATH` checks",
-                ) from None
-            time.sleep(pause if left is None else min(pause, left))
-            pause = min(pause * 2, CONNECT_BACKOFF_MAX_S)
-        except FileNotFoundError:
-            sock.close()
-            raise KvdUnavailable(
-                f"no kvd daemon at {path} (socket file not found)",
-                hint="start one with `kvd serve --socket PATH`, or set INFERA_KVD_SOCKET",
-            ) from None
-        except OSError as exc:
-            sock.close()
-            raise KvdUnavailable(
-                f"cannot connect to kvd at {path}: {exc.strerror or exc}",
-                hint="is the daemon running? `kvd stat --socket PATH` checks",
-            ) from None
-
-
-def _check_peer(sock: socket.socket, path: str, trust_uids: Iterable[int] | None) -> None:
-    """Refuse a listener run by an untrusted uid, before any byte is sent to it.
-
-    Trusted: this process's own uid, root, ``trust_uids`` and ``$INFERA_KVD_TRUST_UID``. Anyone
-    else could have put a fake daemon at a predictable path: it would receive every chunk this
-    client stores and feed it bytes of its choosing."""
-    _pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
-    if uid in (0, os.geteuid(), os.getuid()):
-        return
-    if trust_uids is not None and uid in set(trust_uids):
-        return
-    if uid in _env_trust_uids():
-        return
-    raise KvdUntrusted(
-        f"the process listening on {path} runs as uid {uid}, which this client does not trust",
-        hint=f"if that uid runs your kvd daemon, set {TRUST_ENV}={uid} (or pass trust_uids); "
-        "otherwise someone else put a socket there",
-    )
-
-
-def _default_spin() -> float:
-    """Seconds a client polls for a reply before blocking: ``$INFERA_KVD_SPIN_US`` (default 0: off)."""
-    try:
-        return max(0, min(int(os.environ.get("INFERA_KVD_SPIN_US", "0")), 100_000)) / 1e6
-    except ValueError:
-        return 0.0
-
-
-def _err(reply: dict[str, Any]) -> KvdClientError:
-    code = reply.get("error", "internal")
-    message = reply.get("message", code)
-    if code == "refused":
-        return KvdRefused(message, hint="start the daemon with --allow-uid for this user")
-    if code in ("full", "too_large"):
-        return KvdFull(message)
-    if code == "unsupported":
-        return KvdUnsupported(message, code)
-    return KvdProtocolError(message, code)
-
-
-class KvdClient:
+class KvdClient(Wire):
     """A connection to one kvd daemon.
 
     ``namespace`` scopes every key: two clients with different namespaces never see each other's
@@ -209,29 +62,27 @@ class KvdClient:
         hash_settings: dict[str, Any] | None = None,
         hash_fingerprint: str | None = None,
         chunk_tokens: int | None = None,
+        kv_layout: dict[str, Any] | None = None,
         want_arena: bool = True,
         timeout: float | None = 30.0,
         spin_us: int | None = None,
         trust_uids: Iterable[int] | None = None,
     ) -> None:
-        self.socket_path = os.fspath(socket_path) if socket_path is not None else default_socket_path()
+        super().__init__(
+            os.fspath(socket_path) if socket_path is not None else default_socket_path(),
+            spin_us / 1e6 if spin_us is not None else default_spin(),
+        )
         self.namespace = namespace
-        self._lock = threading.Lock()
-        self._next_id = 1
-        self._reader = P.FrameReader()
-        self._pending: list[bytes] = []
         self._map: mmap.mmap | None = None
         self._view: memoryview | None = None
-        self._sock: socket.socket | None = None
-        self._spin = spin_us / 1e6 if spin_us is not None else _default_spin()
         self.arena_size = 0
         self.server_version = ""
         self.long_tier: str | None = None
         self.long_path: str | None = None
         self.client_id = 0
-        sock = _connect(self.socket_path, timeout)
+        sock = connect(self.socket_path, timeout)
         try:
-            _check_peer(sock, self.socket_path, trust_uids)
+            check_peer(sock, self.socket_path, trust_uids)
         except BaseException:
             sock.close()
             raise
@@ -250,6 +101,7 @@ class KvdClient:
             ("hash_settings", hash_settings),
             ("hash_fingerprint", hash_fingerprint),
             ("chunk_tokens", chunk_tokens),
+            ("kv_layout", kv_layout),
         ):
             if value is not None:
                 hello[field] = value
@@ -257,7 +109,7 @@ class KvdClient:
         try:
             reply, fds = self._call(hello, want_fds=True)
             if not reply.get("ok"):
-                raise _err(reply)
+                raise error_of(reply)
             self._accept_hello(reply, fds, want_arena)
         except BaseException:
             self.close()
@@ -288,105 +140,6 @@ class KvdClient:
                     hint="is this a kvd daemon of this version? restart it, or check what listens there",
                 ) from None
             self._view = memoryview(self._map)
-
-    # -- plumbing ---------------------------------------------------------------------------
-    def _take_replies(self, data: bytes) -> None:
-        """Add the whole frames in ``data``, just read from kvd, to the pending replies; no data
-        means kvd closed the connection."""
-        if not data:
-            raise KvdUnavailable(f"kvd at {self.socket_path} closed the connection")
-        try:
-            self._pending.extend(self._reader.feed(data))
-        except P.FrameTooLarge as exc:
-            raise KvdProtocolError(str(exc)) from None
-
-    def _recv_frame(self, want_fds: bool) -> tuple[dict[str, Any], list[int]]:
-        sock = self._sock
-        if sock is None:
-            raise KvdUnavailable("client is closed")
-        fds: list[int] = []
-        if not want_fds and not self._pending and self._spin:
-            # Poll briefly before blocking: replies usually come within tens of microseconds,
-            # and a blocked reader pays an idle-CPU wake-up on top (costly on virtual machines).
-            deadline = time.perf_counter() + self._spin
-            while True:
-                try:
-                    data = sock.recv(1 << 16, socket.MSG_DONTWAIT)
-                except BlockingIOError:
-                    if time.perf_counter() < deadline:
-                        continue
-                    break
-                except OSError as exc:
-                    raise KvdUnavailable(f"connection to kvd lost: {exc.strerror or exc}") from None
-                self._take_replies(data)
-                if self._pending:
-                    break
-        while not self._pending:
-            try:
-                if want_fds:
-                    data, got, _flags, _addr = socket.recv_fds(sock, 1 << 16, 4)
-                    fds.extend(got)
-                else:
-                    data = sock.recv(1 << 16)
-            except TimeoutError:
-                raise KvdUnavailable(f"kvd at {self.socket_path} did not answer in time") from None
-            except OSError as exc:
-                raise KvdUnavailable(f"connection to kvd lost: {exc.strerror or exc}") from None
-            self._take_replies(data)
-        body = self._pending.pop(0)
-        problem = ""
-        try:
-            msg = P.decode_body(body)
-        except Exception:
-            problem = "daemon sent a frame that is not valid msgpack"
-        else:
-            if not isinstance(msg, dict):
-                problem = "daemon sent a reply that is not a map"
-        if problem:
-            for fd in fds:  # never leak descriptors that came with a reply we refuse
-                os.close(fd)
-            raise KvdProtocolError(problem)
-        return msg, fds
-
-    def _call(self, msg: dict[str, Any], want_fds: bool = False) -> tuple[dict[str, Any], list[int]]:
-        rid = self._next_id
-        self._next_id += 1
-        msg["id"] = rid
-        try:
-            self._send(msg)
-        except KvdUnavailable as lost:
-            # The daemon may have said why before closing (e.g. uid refused): prefer its words.
-            try:
-                return self._recv_frame(want_fds)
-            except KvdClientError:
-                raise lost from None
-        while True:
-            reply, fds = self._recv_frame(want_fds)
-            if reply.get("id") == rid or reply.get("id") == 0:
-                return reply, fds
-            for fd in fds:  # a stray reply: never expected, never leak descriptors
-                os.close(fd)
-
-    def _send(self, msg: dict[str, Any]) -> None:
-        if self._sock is None:
-            raise KvdUnavailable("client is closed")
-        try:
-            self._sock.sendall(P.encode(msg))
-        except OSError as exc:
-            raise KvdUnavailable(f"connection to kvd lost: {exc.strerror or exc}") from None
-
-    def request(self, op: str, **fields: Any) -> dict[str, Any]:
-        """Send one request and return its reply map; typed errors become exceptions."""
-        with self._lock:
-            reply, _ = self._call({"op": op, **fields})
-        if not reply.get("ok"):
-            raise _err(reply)
-        return reply
-
-    def notify(self, op: str, **fields: Any) -> None:
-        """Send a request that gets no reply (RELEASE, REPORT)."""
-        with self._lock:
-            self._send({"op": op, "noreply": True, **fields})
 
     @property
     def arena(self) -> memoryview:
@@ -552,7 +305,16 @@ class KvdClient:
 
     def prewarm(self, keys: Sequence[bytes]) -> int:
         """Ask the daemon to pull these chunks from the long tier into RAM in the background."""
-        return int(self.request("PREWARM", keys=[P.check_key(k) for k in keys])["queued"])
+        return self.prewarm_rate(keys)[0]
+
+    def prewarm_rate(self, keys: Sequence[bytes]) -> tuple[int, float | None]:
+        """:meth:`prewarm`, and the GB/s the long tier's recent reads into RAM ran at (None
+        until it has read anything, or from a daemon that does not say)."""
+        reply = self.request("PREWARM", keys=[P.check_key(k) for k in keys])
+        rate = reply.get("read_gbps")
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < 1e6:
+            return int(reply["queued"]), None
+        return int(reply["queued"]), float(rate)
 
     def adopt(
         self, keys: Sequence[bytes], lengths: Sequence[int], failed: Sequence[bytes] = ()
@@ -605,6 +367,7 @@ class KvdClient:
 
 
 __all__ = [
+    "TRUST_ENV",
     "KvdArenaError",
     "KvdClient",
     "KvdClientError",

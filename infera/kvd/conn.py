@@ -9,6 +9,7 @@ import time
 from collections import deque
 from typing import Any
 
+from infera import kvlayout
 from infera.kvd import protocol as P
 from infera.kvd.outqueue import OutQueue
 from infera.kvd.store import Chunk
@@ -70,6 +71,7 @@ class Client:
             "hash_settings": info.get("hash_settings", {}),
             "hash_fingerprint": info.get("hash_fingerprint", ""),
             "chunk_tokens": info.get("chunk_tokens"),
+            "kv_layout": info.get("kv_layout"),
             "data_path": self.report.get(
                 "data_path", info.get("data_path", "arena" if self.arena_mapped else "none")
             ),
@@ -116,6 +118,11 @@ def hello_info(msg: dict[str, Any]) -> dict[str, Any]:
     settings = msg.get("hash_settings")
     if settings is not None:
         info["hash_settings"] = _hash_settings(settings)
+    if msg.get(kvlayout.FIELD) is not None:
+        try:
+            info[kvlayout.FIELD] = kvlayout.check(msg[kvlayout.FIELD])
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
     return info
 
 

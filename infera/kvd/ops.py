@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from infera import __version__
@@ -20,7 +21,7 @@ from infera.kvd.tiers.base import FileBackedTier
 if TYPE_CHECKING:
     from infera.kvd.arena import Arena
     from infera.kvd.config import DaemonConfig
-    from infera.kvd.store import Store
+    from infera.kvd.store import Chunk, Store
     from infera.kvd.tiers.base import LongTier
 
 log = logging.getLogger("infera.kvd")
@@ -68,6 +69,24 @@ class Ops:
         if len(vals) > P.MAX_BATCH:
             raise BadRequest(f"at most {P.MAX_BATCH} items per request")
         return vals
+
+    @property
+    def live_store(self) -> Store:
+        """The store: set from start to stop, the only time handlers run."""
+        assert self.store is not None
+        return self.store
+
+    @staticmethod
+    def _end_held(held: dict[int, Chunk], tokens: list[int], end: Callable[[Chunk], object]) -> int:
+        """Take the chunks of ``tokens`` out of a client's ``held`` map and ``end`` each (an abort or a
+        release); unknown tokens are skipped. Returns how many were ended."""
+        n = 0
+        for token in tokens:
+            chunk = held.pop(token, None)
+            if chunk is not None:
+                end(chunk)
+                n += 1
+        return n
 
     def ikeys(self, client: Client, keys: list[bytes]) -> list[bytes]:
         """The ikeys of ``keys`` in the client's namespace (hot: up to MAX_BATCH keys a request)."""
@@ -130,8 +149,7 @@ class Ops:
         return reply
 
     def op_put(self, client: Client, msg: dict[str, Any]) -> Reply:
-        store = self.store
-        assert store is not None
+        store = self.live_store
         keys = self._keys(msg)
         lengths = self._ints(msg, "lengths")
         if len(lengths) != len(keys):
@@ -160,8 +178,7 @@ class Ops:
         return {"slots": slots}
 
     def op_seal(self, client: Client, msg: dict[str, Any]) -> Reply:
-        store = self.store
-        assert store is not None
+        store = self.live_store
         tokens = self._ints(msg, "tokens")
         sealed = 0
         for token in tokens:
@@ -175,19 +192,11 @@ class Ops:
         return {"sealed": sealed}
 
     def op_abort(self, client: Client, msg: dict[str, Any]) -> Reply:
-        store = self.store
-        assert store is not None
-        n = 0
-        for token in self._ints(msg, "tokens"):
-            chunk = client.reservations.pop(token, None)
-            if chunk is not None:
-                store.abort(chunk)
-                n += 1
+        n = self._end_held(client.reservations, self._ints(msg, "tokens"), self.live_store.abort)
         return None if msg.get("noreply") else {"aborted": n}
 
     def op_get(self, client: Client, msg: dict[str, Any]) -> Reply:
-        store = self.store
-        assert store is not None
+        store = self.live_store
         keys = self._keys(msg)
         ikeys = self.ikeys(client, keys)
         long = self.long
@@ -230,19 +239,11 @@ class Ops:
         return {"items": items}
 
     def op_release(self, client: Client, msg: dict[str, Any]) -> Reply:
-        store = self.store
-        assert store is not None
-        n = 0
-        for token in self._ints(msg, "leases"):
-            chunk = client.leases.pop(token, None)
-            if chunk is not None:
-                store.release(chunk)
-                n += 1
+        n = self._end_held(client.leases, self._ints(msg, "leases"), self.live_store.release)
         return None if msg.get("noreply") else {"released": n}
 
     def op_lookup(self, client: Client, msg: dict[str, Any]) -> Reply:
-        store = self.store
-        assert store is not None
+        store = self.live_store
         keys = self._keys(msg)
         hold = msg.get("hold_ms", 0)
         if not isinstance(hold, int | float) or hold < 0 or hold > 600_000:
@@ -280,8 +281,7 @@ class Ops:
         return reply
 
     def op_delete(self, client: Client, msg: dict[str, Any]) -> Reply:
-        store = self.store
-        assert store is not None
+        store = self.live_store
         ikeys = self.ikeys(client, self._keys(msg))
         n = store.delete(ikeys)
         if self.long is not None:
@@ -295,7 +295,7 @@ class Ops:
                 "PREWARM needs a long tier: start the daemon with --long-path/--long-bytes", "unsupported"
             )
         queued = self.long.prewarm(self.ikeys(client, keys))
-        return {"queued": queued}
+        return {"queued": queued, "read_gbps": self.long.read_rate()}
 
     def op_report(self, client: Client, msg: dict[str, Any]) -> Reply:
         clean = report_fields(msg.get("report"))

@@ -63,10 +63,34 @@ def stop_child(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> int:
     return proc.returncode
 
 
-def kill_child(proc: subprocess.Popen[bytes]) -> None:
+def kill_child(proc: subprocess.Popen[Any]) -> None:
     """SIGKILL a child process that still runs, and reap it."""
     if proc.poll() is None:
         proc.kill()
+        proc.wait()
+
+
+def kill_group(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL every process left in the group ``proc`` led (started with ``start_new_session``),
+    also once ``proc`` itself has exited: a child that skipped its teardown (``os._exit``) can
+    leave helpers behind (vLLM's multiprocessing resource tracker) that hold its pipes open."""
+    kill_child(proc)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_group(proc: subprocess.Popen[Any], timeout: float = 60.0) -> None:
+    """SIGTERM the process group ``proc`` leads (started with ``start_new_session``), wait up to
+    ``timeout`` seconds, then SIGKILL it; reaped either way."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
@@ -229,6 +253,11 @@ class DaemonProcess:
     def client(self, **kw: Any) -> KvdClient:
         """A :class:`KvdClient` on this daemon's socket (keyword arguments passed through)."""
         return KvdClient(self.socket, **kw)
+
+    def stats(self) -> dict[str, Any]:
+        """The daemon's STATS snapshot, over a connection of its own (no arena)."""
+        with self.client(want_arena=False) as c:
+            return dict(c.stats())
 
     def __repr__(self) -> str:
         state = f"pid {self.proc.pid}" if self.alive() and self.proc else "stopped"

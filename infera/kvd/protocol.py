@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import socket
 import stat
 import struct
 from typing import Any
@@ -197,6 +198,15 @@ def check_key(key: Any) -> bytes:
     if not 1 <= len(key) <= MAX_KEY_LEN:
         raise ValueError(f"key must be 1 to {MAX_KEY_LEN} bytes long (got {len(key)})")
     return bytes(key)
+
+
+_PEERCRED = struct.Struct("3i")
+
+
+def peer_cred(sock: socket.socket) -> tuple[int, int, int]:
+    """``(pid, uid, gid)`` of the process at the other end of a Unix socket (``SO_PEERCRED``)."""
+    pid, uid, gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    return pid, uid, gid
 
 
 def default_socket_path() -> str:

@@ -14,7 +14,6 @@ import os
 import selectors
 import signal
 import socket
-import struct
 import time
 from collections import deque
 from collections.abc import Callable
@@ -38,7 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("infera.kvd")
 
-_PEERCRED = struct.Struct("3i")
 LISTEN_BACKLOG = max(socket.SOMAXCONN, 4096)  # pending connects; the kernel caps it at net.core.somaxconn
 # Ops that may leave state keyed by the client's namespace id (see infera.kvd.namespaces): in RAM
 # only a PUT creates chunks; a long tier also remembers the ids that GET, LOOKUP, ... asked about.
@@ -260,9 +258,7 @@ class Server(NetIO, Ops):
                 self._accept_failed(exc)  # EMFILE and co.: rest the listener (netio)
                 return
             self._accepted()
-            pid, uid, gid = _PEERCRED.unpack(
-                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-            )
+            pid, uid, gid = P.peer_cred(sock)
             if not self.cfg.allowed(uid):
                 self.refused_total += 1
                 log.warning("refused connection from pid %d uid %d: uid not allowed", pid, uid)

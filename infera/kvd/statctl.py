@@ -1,7 +1,9 @@
 """``python -m infera.kvd.statctl --socket S`` / ``kvd stat``: print a daemon's counters.
 
 Text output leads with the four counters the product doc tells users to check
-(``sets_total``, ``gets_total``, ``hits_total``, ``misses_total``); ``--json`` prints one JSON
+(``sets_total``, ``gets_total``, ``hits_total``, ``misses_total``), then the clients and, per
+namespace, what its engines declared of their KV layout (parallel sizes, KV cache groups and
+what each chunk stores of them) and why engines of one model do not share chunks; ``--json`` prints one JSON
 object whose keys are the counter names; ``--watch N`` repeats every N seconds. An unreachable
 socket is one line on stderr and exit status 1.
 """
@@ -14,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from infera import kvlayout, loadreport
 from infera.units import format_size
 
 MAIN = ("sets_total", "gets_total", "hits_total", "misses_total", "evictions_total")
@@ -77,7 +80,11 @@ def render_text(stats: dict[str, Any], all_fields: bool = False) -> str:
                 f"written {format_size(long.get('bytes_written', 0))}, "
                 f"queued {long.get('queued_writes', 0)}, failed {long.get('failed_writes', 0)}, "
                 f"dropped {long.get('dropped_writes', 0)}"
-                + (f", index loaded in {load:.2f}s" if isinstance(load, int | float) else ", index loading")
+                + (
+                    f", index loaded in {load:.2f}s ({long.get('index_source') or '?'})"
+                    if isinstance(load, int | float)
+                    else ", index loading"
+                )
                 + (
                     f", {long['files_other_version']} files of another format left alone"
                     if long.get("files_other_version")
@@ -101,6 +108,10 @@ def render_text(stats: dict[str, Any], all_fields: bool = False) -> str:
             f"  pid {c.get('pid')} {c.get('name', '')} role={c.get('role', '')} "
             f"namespace={c.get('namespace') or '-'} path={path}"
         )
+        policy = loadreport.summary(c.get("counters") or {})
+        if policy:
+            lines.append(f"    {policy}")
+    lines += kvlayout.render(clients)  # per namespace: layout and KV cache groups, and why apart
     for w in stats.get("warnings", []):
         lines.append(f"warning: {w}")
     return "\n".join(lines)

@@ -10,15 +10,16 @@ Ownership rules (each one sentence, in the manner of Plasma's create/seal/get/re
 * A chunk removed from the index while leased (delete, overwrite) becomes a zombie: invisible,
   and freed when its last lease goes.
 
-Eviction order: expired ``ephemeral`` chunks, then least-recently-used ``ephemeral``, then
-``short``, then ``long``; chunks that are leased, held by a LOOKUP, or being written to the long
-tier are skipped.
+Eviction order: expired ``ephemeral`` chunks, then ``ephemeral``, then ``short``, then ``long``,
+each class least recently used first by the CLOCK rule below; chunks that are leased, held by a
+LOOKUP, or being written to the long tier are skipped.
+
+The eviction queues (CLOCK, and the chunks set aside): :mod:`infera.kvd.evictq`.
 
 How skipping stays cheap (refusing a write must cost O(keys), never O(keys x chunks)):
 
-* ``lru[cls]`` holds the eviction candidates of a class, least recently used first. When the
-  victim scan meets a chunk it may not evict, it sets it aside in ``parked[cls]`` and never looks
-  at it again while that lasts: a leased or pinned chunk comes back when its last lease or pin
+* When the victim scan meets a chunk it may not evict, it sets it aside in ``parked[cls]`` and
+  never looks at it again while that lasts: a leased or pinned chunk comes back when its last lease or pin
   goes (:meth:`Store.release`, :meth:`Store.unpin`), a held one when its ``hold_until`` passes
   (a heap keyed by it, drained by :meth:`Store.sweep` and before every eviction). A chunk comes
   back at the most-recently-used end of its class, as if accessed when it stopped being in use
@@ -35,85 +36,33 @@ each refused key costs a few dict lookups.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from infera.kvd.arena import ALIGN, Allocator, align_up
-from infera.kvd.keyspace import key_of, ns_id_of
+from infera.kvd.chunk import (
+    _FULL,
+    BUSY,
+    EPHEMERAL,
+    EVICTION_ORDER,
+    GONE,
+    HELD,
+    IN_LRU,
+    LONG,
+    NONE,
+    SHORT,
+    Chunk,
+    ReserveResult,
+)
+from infera.kvd.evictq import EvictionQueues
 from infera.kvd.namespaces import NamespaceTable
-from infera.kvd.protocol import RETENTION_CODE, RETENTIONS
-
-NONE, EPHEMERAL, SHORT, LONG = (RETENTION_CODE[r] for r in RETENTIONS)
-EVICTION_ORDER = (EPHEMERAL, SHORT, LONG)
-# Chunk.parked: where a sealed, indexed chunk sits (see the module docstring)
-IN_LRU, BUSY, HELD = 0, 1, 2  # eviction candidate / set aside leased or pinned / set aside held
+from infera.kvd.protocol import RETENTIONS
 
 
-class Chunk:
-    """One chunk: a region of the arena plus its policy state."""
-
-    __slots__ = (
-        "expires",
-        "hold_until",
-        "home",
-        "ikey",
-        "last_access",
-        "leases",
-        "length",
-        "offset",
-        "on_long",
-        "parked",
-        "pins",
-        "retention",
-        "sealed",
-        "zombie",
-    )
-
-    def __init__(self, ikey: bytes, offset: int, length: int, retention: int) -> None:
-        self.ikey = ikey
-        self.offset = offset
-        self.length = length
-        self.retention = retention
-        self.sealed = False
-        self.zombie = False
-        self.leases = 0
-        self.pins = 0  # internal holds (e.g. a long-tier write reading the bytes)
-        self.hold_until = 0.0
-        self.expires = 0.0
-        self.last_access = 0.0
-        self.on_long = False
-        self.parked = IN_LRU
-        # the ordered dict this chunk sits in (lru[cls] or parked[cls]) while it is indexed
-        self.home: OrderedDict[bytes, Chunk] | None = None
-
-    @property
-    def ns_id(self) -> int:
-        return ns_id_of(self.ikey)
-
-    @property
-    def key(self) -> bytes:
-        return key_of(self.ikey)
-
-    def evictable(self, now: float) -> bool:
-        return self.leases == 0 and self.pins == 0 and self.hold_until <= now
-
-
-class ReserveResult:
-    __slots__ = ("chunk", "error")
-
-    def __init__(self, chunk: Chunk | None, error: str | None = None) -> None:
-        self.chunk = chunk
-        self.error = error
-
-
-_FULL = ReserveResult(None, "full")  # shared: refusals carry no state
-
-
-class Store:
+class Store(EvictionQueues):
     """Index and policy of the RAM tier. Single-threaded: the server loop owns it."""
 
     def __init__(
@@ -127,9 +76,12 @@ class Store:
         self.clock = clock
         self.index: dict[bytes, Chunk] = {}
         self.pending: dict[bytes, Chunk] = {}
-        # eviction candidates, least recently used first; and the chunks the scan set aside
-        self.lru: dict[int, OrderedDict[bytes, Chunk]] = {c: OrderedDict() for c in EVICTION_ORDER}
-        self.parked: dict[int, OrderedDict[bytes, Chunk]] = {c: OrderedDict() for c in EVICTION_ORDER}
+        # eviction candidates, oldest first (CLOCK, see the module docstring), with their stale
+        # entries counted; the chunks the scan set aside; indexed chunks per class
+        self.lru: dict[int, deque[Chunk]] = {c: deque() for c in EVICTION_ORDER}
+        self.stale: dict[int, int] = dict.fromkeys(EVICTION_ORDER, 0)
+        self.parked: dict[int, dict[bytes, Chunk]] = {c: {} for c in EVICTION_ORDER}
+        self._count: dict[int, int] = dict.fromkeys(EVICTION_ORDER, 0)
         self._held: list[tuple[float, int, Chunk]] = []  # (hold_until, seq, chunk) of HELD chunks
         self._held_n = 0  # chunks parked HELD (the heap may also hold stale entries)
         self._seq = itertools.count()
@@ -260,6 +212,7 @@ class Store:
             chunk.expires = now + self.ephemeral_ttl
             self._by_expiry[chunk.ikey] = chunk
         self.index[chunk.ikey] = chunk
+        self._count[chunk.retention] += 1
         self._enqueue(chunk)
         self.bytes_stored += chunk.length
         self.c["sets_total"] += 1
@@ -297,6 +250,7 @@ class Store:
         chunk.sealed = True
         chunk.last_access = self.clock()
         self.index[chunk.ikey] = chunk
+        self._count[chunk.retention] += 1
         self._enqueue(chunk)
         self.bytes_stored += chunk.length
 
@@ -328,7 +282,7 @@ class Store:
             if chunk is None or (chunk.retention == ephemeral and chunk.expires <= now):
                 break
             chunk.last_access = now
-            chunk.home.move_to_end(ikey)  # type: ignore[union-attr]  # indexed: has a home
+            chunk.ref = True
             if hold_s and chunk.hold_until < hold_until:
                 chunk.hold_until = hold_until
             n += 1
@@ -336,8 +290,7 @@ class Store:
 
     def touch(self, chunk: Chunk) -> None:
         chunk.last_access = self.clock()
-        if chunk.home is not None:  # (set aside: it goes back to the MRU end anyway)
-            chunk.home.move_to_end(chunk.ikey)
+        chunk.ref = True  # (set aside: it goes back to the young end anyway)
 
     def lease(self, chunk: Chunk) -> None:
         chunk.leases += 1
@@ -378,13 +331,17 @@ class Store:
 
     def _unlink(self, chunk: Chunk, reason: str) -> None:
         ikey = chunk.ikey
+        cls = chunk.retention
         del self.index[ikey]
-        if chunk.home is not None:
-            del chunk.home[ikey]
-            chunk.home = None
-        if chunk.parked == HELD:
-            self._held_n -= 1  # its heap entry is now stale
-        chunk.parked = IN_LRU
+        self._count[cls] -= 1
+        was, chunk.parked = chunk.parked, GONE
+        if was == IN_LRU:
+            if chunk.queued:  # (a victim the scan just took has no entry left)
+                self._stale_entry(cls)
+        else:
+            del self.parked[cls][ikey]
+            if was == HELD:
+                self._held_n -= 1  # its heap entry is now stale
         if chunk.retention == EPHEMERAL:
             self._by_expiry.pop(ikey, None)
         self.bytes_stored -= chunk.length
@@ -399,120 +356,16 @@ class Store:
         self.c["expired_total"] += 1
         self._unlink(chunk, "expired")
 
-    def sweep(self) -> int:
-        """Expire ephemeral chunks whose TTL has passed; returns how many went. Also brings back
-        the chunks whose LOOKUP hold ended. Costs O(what expired), not O(chunks)."""
-        now = self.clock()
-        self._end_holds(now)
-        queue = self._by_expiry
-        n = 0
-        while queue:
-            chunk = next(iter(queue.values()))
-            if chunk.expires > now:
-                break
-            del queue[chunk.ikey]
-            if chunk.evictable(now):
-                self._expire(chunk)
-                n += 1
-            elif not chunk.parked:
-                # in use: set aside; it expires when it comes back (see _unpark)
-                self._park(chunk, BUSY if chunk.leases or chunk.pins else HELD)
-        return n
-
-    # -- setting aside what cannot be evicted -----------------------------------------------
-    def _enqueue(self, chunk: Chunk) -> None:
-        """Append an indexed chunk to its class's eviction candidates (the MRU end)."""
-        home = chunk.home = self.lru[chunk.retention]
-        home[chunk.ikey] = chunk
-
-    def _park(self, chunk: Chunk, state: int) -> None:
-        """Take ``chunk`` out of the eviction candidates: leased/pinned (BUSY) or held (HELD)."""
-        ikey = chunk.ikey
-        del self.lru[chunk.retention][ikey]
-        home = chunk.home = self.parked[chunk.retention]
-        home[ikey] = chunk
-        chunk.parked = state
-        self.c["evict_skipped_total"] += 1
-        if state == HELD:
-            self._push_held(chunk)
-
-    def _push_held(self, chunk: Chunk) -> None:
-        heap = self._held
-        heapq.heappush(heap, (chunk.hold_until, next(self._seq), chunk))
-        self._held_n += 1
-        if len(heap) > 2 * self._held_n + 1024:  # mostly stale entries (chunks gone): compact
-            self._held = [e for e in heap if e[2].parked == HELD]
-            heapq.heapify(self._held)
-
-    def _unpark(self, chunk: Chunk, now: float) -> None:
-        """A parked chunk without leases or pins: held still, back to the candidates (at the MRU
-        end), or, an ephemeral chunk whose TTL passed meanwhile, expired."""
-        if chunk.hold_until > now:
-            if chunk.parked != HELD:
-                chunk.parked = HELD
-                self._push_held(chunk)
-            return
-        del self.parked[chunk.retention][chunk.ikey]
-        chunk.parked = IN_LRU
-        self._enqueue(chunk)
-        if chunk.retention == EPHEMERAL and chunk.expires <= now:
-            self._expire(chunk)
-
-    def _end_holds(self, now: float) -> None:
-        """Move chunks whose hold has passed out of the heap (O(log n) each)."""
-        heap = self._held
-        while heap and heap[0][0] <= now:
-            chunk = heapq.heappop(heap)[2]
-            if chunk.parked != HELD:
-                continue  # stale: the chunk went meanwhile
-            self._held_n -= 1
-            if chunk.hold_until > now:  # the hold was renewed while parked
-                self._push_held(chunk)
-            elif chunk.leases or chunk.pins:
-                chunk.parked = BUSY  # back when the last lease or pin goes
-            else:
-                self._unpark(chunk, now)
-
-    def _next_victim(self, cls: int, now: float) -> Chunk | None:
-        """The least recently used evictable chunk of ``cls``; what it skips, it sets aside."""
-        lru = self.lru[cls]
-        while lru:
-            chunk = next(iter(lru.values()))
-            if chunk.leases or chunk.pins:
-                self._park(chunk, BUSY)
-            elif chunk.hold_until > now:
-                self._park(chunk, HELD)
-            else:
-                return chunk
-        return None
-
-    def _alloc_evicting(self, length: int) -> int | None:
-        off = self.alloc.alloc(length)
-        if off is not None:
-            return off
-        now = self.clock()
-        self.sweep()
-        off = self.alloc.alloc(length)
-        if off is not None:
-            return off
-        for cls in EVICTION_ORDER:
-            while (victim := self._next_victim(cls, now)) is not None:
-                self.c["evictions_total"] += 1
-                self.evictions_by_class[RETENTIONS[victim.retention]] += 1
-                self._unlink(victim, "evicted")
-                off = self.alloc.alloc(length)
-                if off is not None:
-                    return off
-        return None
-
     # -- reporting --------------------------------------------------------------------------
     def chunks_of(self, cls: int) -> Iterator[tuple[bytes, Chunk]]:
-        """Every sealed chunk of retention ``cls`` in RAM, set aside or not (read-only use)."""
-        yield from self.lru[cls].items()
-        yield from self.parked[cls].items()
+        """Every sealed chunk of retention ``cls`` in RAM, set aside or not (read-only use; a
+        walk of the whole index, in seal order)."""
+        for ikey, chunk in self.index.items():
+            if chunk.retention == cls:
+                yield ikey, chunk
 
     def chunks_by_class(self) -> dict[str, int]:
-        return {RETENTIONS[c]: len(self.lru[c]) + len(self.parked[c]) for c in EVICTION_ORDER}
+        return {RETENTIONS[c]: self._count[c] for c in EVICTION_ORDER}
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -528,3 +381,20 @@ class Store:
             "chunks_by_class": self.chunks_by_class(),
             "evictions_by_class": dict(self.evictions_by_class),
         }
+
+
+# the chunk and its constants, for the many importers of the store
+__all__ = [
+    "BUSY",
+    "EPHEMERAL",
+    "EVICTION_ORDER",
+    "GONE",
+    "HELD",
+    "IN_LRU",
+    "LONG",
+    "NONE",
+    "SHORT",
+    "Chunk",
+    "ReserveResult",
+    "Store",
+]

@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.text import Text
 
+from infera import loadreport
 from infera.tui.model import Sample, fill, format_count, format_duration, ratio, sort_clients
 from infera.units import format_size
 
@@ -38,6 +39,8 @@ LONG_KNOWN = {
     "dropped_writes",
     "queued_writes",
     "index_load_s",
+    "index_source",
+    "index_detail",
     "last_error",
     "evictions",
 }
@@ -283,7 +286,8 @@ def long_table(stats: Mapping[str, Any]) -> Text:
     ]
     load = long.get("index_load_s")
     if isinstance(load, int | float) and not isinstance(load, bool):
-        rows.append(["index load", f"{load:.2f} s"])
+        source = long.get("index_source")
+        rows.append(["index load", f"{load:.2f} s" + (f" ({source})" if source else "")])
     if long.get("last_error"):
         rows.append(["last error", Text(str(long["last_error"]), style="red")])
     out = grid(rows, "ll", ("bold",))
@@ -339,6 +343,11 @@ def warning_lines(stats: Mapping[str, Any]) -> list[str]:
                 f"pid {c.get('pid')} ({c.get('name') or '?'}) fell back to {c.get('data_path') or '?'}: "
                 f"{c.get('fallback_reason') or 'no reason given'}"
             )
+        counters = c.get("counters") if isinstance(c, Mapping) else None
+        if isinstance(counters, Mapping) and any(
+            counters.get(loadreport.SLOWER + t) for t in loadreport.TIERS
+        ):
+            out.append(f"pid {c.get('pid')} ({c.get('name') or '?'}) {loadreport.summary(counters)}")
     long = long_tier(stats)
     if long is not None and long.get("state") in ("degraded", "disconnected"):
         out.append(

@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from infera.launch.model import Daemon, Leg, Loc, Mount, Process
+from infera.launch.model import Daemon, Leg, Loc, Mount, Process, Router
 
 
 @dataclass
@@ -31,7 +31,7 @@ class EnvVal:
 
 @dataclass
 class Recognized:
-    kind: str  # "daemon" | "leg"
+    kind: str  # "daemon" | "leg" | "router"
     argv: list[Word]
     args_start: int
     entry: str = "infera"
@@ -303,6 +303,8 @@ def _classify(words: list[Word]) -> Recognized | None:
         return Recognized("daemon", words, 2)
     if head == "vllm" and len(texts) > 1 and texts[1] == "serve":
         return _vllm_serve(words, 2)
+    if head == "vllm-router":
+        return Recognized("router", words, 1)
     return None
 
 
@@ -314,6 +316,9 @@ def _vllm_serve(words: list[Word], start: int) -> Recognized:
     return Recognized("leg", words, start, entry="vllm", positional_model=model)
 
 
+ROUTER_MODULES = ("vllm_router.launch_router",)
+
+
 def _by_module(module: str, words: list[Word], start: int) -> Recognized | None:
     if module == "infera.kvd":
         return Recognized("daemon", words, start)
@@ -323,6 +328,8 @@ def _by_module(module: str, words: list[Word], start: int) -> Recognized | None:
         return Recognized("leg", words, start, entry="infera")
     if module == "vllm.entrypoints.openai.api_server":
         return Recognized("leg", words, start, entry="vllm")
+    if module in ROUTER_MODULES:
+        return Recognized("router", words, start)
     if module == "vllm.entrypoints.cli.main" and start < len(words) and words[start].text == "serve":
         return _vllm_serve(words, start + 1)
     return None
@@ -339,6 +346,8 @@ def build_process(
     proc: Process
     if rec.kind == "daemon":
         proc = Daemon(name=name)
+    elif rec.kind == "router":
+        proc = Router(name=name)
     else:
         proc = Leg(name=name, entry=rec.entry)
         if rec.positional_model is not None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from infera.launch.lint.commands import EnvVal, Word, build_process, recognize
 from infera.launch.lint.shell import ShellReader, _State, read_shell_words
-from infera.launch.model import Daemon, Deployment, Leg, Loc, Mount
+from infera.launch.model import Deployment, Loc, Mount, Process
 
 POD_KINDS = {
     "Pod",
@@ -37,11 +37,8 @@ def _loc(path: str, container: Any, key: Any, span: tuple[int, int] | None = Non
     return Loc(path, line, col, span[0] if span else None, span[1] if span else None)
 
 
-def _add(dep: Deployment, proc: Daemon | Leg, mounts: list[Mount]) -> None:
-    if isinstance(proc, Daemon):
-        dep.daemons.append(proc)
-    else:
-        dep.legs.append(proc)
+def _add(dep: Deployment, proc: Process, mounts: list[Mount]) -> None:
+    dep.add(proc)
     dep.mounts.extend(mounts)
 
 
@@ -81,9 +78,10 @@ def _run_words(
                 for proc in sub.processes():
                     proc.name = name
                 merged = dep.merge(sub)
-                dep.daemons, dep.legs, dep.mounts, dep.prewarm_refs = (
+                dep.daemons, dep.legs, dep.routers, dep.mounts, dep.prewarm_refs = (
                     merged.daemons,
                     merged.legs,
+                    merged.routers,
                     merged.mounts,
                     merged.prewarm_refs,
                 )
@@ -93,7 +91,7 @@ def _run_words(
         return
     eff = rec.effective_env(env)
     proc, mounts = build_process(rec, name, eff, complete, loc)
-    _add(dep, proc, mounts)  # type: ignore[arg-type]
+    _add(dep, proc, mounts)
 
 
 # -- Kubernetes -----------------------------------------------------------------------------

@@ -175,10 +175,7 @@ class ShellReader:
         start = self.loc(span[0], span[0], span[1])
         name = f"{os.path.basename(self.path)}:{start.line}"
         proc, mounts = build_process(rec, name, eff, self.state.env_complete, start)
-        if rec.kind == "daemon":
-            self.dep.daemons.append(proc)  # type: ignore[arg-type]
-        else:
-            self.dep.legs.append(proc)  # type: ignore[arg-type]
+        self.dep.add(proc)
         self.dep.mounts.extend(mounts)
 
     def _assignment(self, w: SWord, span: tuple[int, int]) -> tuple[str, EnvVal] | None:

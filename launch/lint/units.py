@@ -168,10 +168,7 @@ def read_unit(text: str, path: str) -> Deployment:
             continue
         eff = rec.effective_env(env)
         proc, mounts = build_process(rec, name, eff, complete, loc)
-        if isinstance(proc, Daemon):
-            dep.daemons.append(proc)
-        elif isinstance(proc, Leg):
-            dep.legs.append(proc)
+        dep.add(proc)
         dep.mounts.extend(mounts)
     return dep
 
@@ -199,8 +196,5 @@ def read_env_file(text: str, path: str) -> Deployment:
         proc.env[key] = value
         proc.env_locs[key] = Loc(path, n, raw.index(key) + 1)
     dep = Deployment()
-    if isinstance(proc, Daemon):
-        dep.daemons.append(proc)
-    else:
-        dep.legs.append(proc)
+    dep.add(proc)
     return dep

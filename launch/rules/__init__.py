@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from infera.launch.model import Deployment
-from infera.launch.rules import container, daemon, keys, ktc, parse, pd, wiring  # noqa: F401  (registers rules)
+from infera.launch.rules import container, daemon, gpudirect, keys, ktc, parse, pd, router, wiring  # noqa: F401  (registers rules)
 from infera.launch.rules.registry import (
     REGISTRY,
     Context,

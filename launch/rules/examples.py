@@ -35,6 +35,13 @@ EXAMPLES = {
         '"kv_connector_module_path":"infera.engine.vllm.kvd_connector"},\n'
         '  {"kv_connector":"MooncakeConnector","kv_role":"kv_producer"}]}}',
     ),
+    # the router in front of a P/D pair, as `kvd launch pd` writes it
+    "ROUTER_SH": _fenced(
+        "sh",
+        "python -m vllm_router.launch_router --host 0.0.0.0 --port 8000 \\\n"
+        "  --vllm-pd-disaggregation --kv-connector mooncake \\\n"
+        "  --prefill http://10.0.0.11:8001 8998 --decode http://10.0.0.12:8002",
+    ),
     # an engine reading L3 chunk files itself (GPU-direct) under the daemon's --long-path
     "AIS_ENGINE_SH": _fenced(
         "sh",

@@ -12,7 +12,13 @@ from hostkit import FIXTURES, HOSTS, statuses
 AMD_SKIP = dict.fromkeys(
     ("amdgpu-loaded", "amdgpu-version", "ais-check", "dmesg-ais", "kfd-capability", "rocm", "gpu"), "skip"
 )
-NO_ENGINES = {"hash-settings": "skip", "chunk-tokens": "skip", "daemon": "skip", "pd-workers": "skip"}
+NO_ENGINES = {
+    "hash-settings": "skip",
+    "chunk-tokens": "skip",
+    "kv-groups": "skip",
+    "daemon": "skip",
+    "pd-workers": "skip",
+}
 #: The memory, leftovers and isolation checks on the GPU fixture hosts, which hold no cgroup,
 #: meminfo or /dev/shm files (so those say unknown) and no kvd sockets.
 KVD_DEFAULTS = {

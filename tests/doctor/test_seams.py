@@ -76,7 +76,12 @@ def test_host_view_resolves_links_inside_the_root(tmp_path):
 
 def test_select_by_id_and_area_and_unknown_name():
     assert [s.id for s in registry.select(["storage"])] == ["storage"]
-    assert {s.id for s in registry.select(["engines"])} == {"hash-settings", "chunk-tokens", "isolation"}
+    assert {s.id for s in registry.select(["engines"])} == {
+        "hash-settings",
+        "chunk-tokens",
+        "isolation",
+        "kv-groups",
+    }
     with pytest.raises(UsageError) as exc:
         registry.select(["no-such-check"])
     assert exc.value.exit_code == 2 and "dmesg-ais" in (exc.value.hint or "")

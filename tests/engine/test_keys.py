@@ -5,34 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from connector_kit import engine_facts
 
 from infera.engine.vllm import keys as K
 
 
 def facts(**over: object) -> K.EngineFacts:
-    """A tiny Llama on CPU (2 layers, 2 KV heads of 32, 128-token blocks, a fixed hash seed); ``over``
-    replaces fields."""
-    base = K.EngineFacts(
-        model="/models/tiny",
-        model_type="llama",
-        num_layers=2,
-        total_kv_heads=2,
-        kv_heads_per_rank=2,
-        head_size=32,
-        use_mla=False,
-        dtype="bfloat16",
-        kv_cache_dtype="auto",
-        block_size=128,
-        hash_block_size=128,
-        bytes_per_token=2 * 2 * 32 * 2 * 2,
-        tp_size=1,
-        pp_size=1,
-        hash_algo="sha256",
-        hash_seed="fixed",
-        vllm_version="0.32",
-        platform="cpu",
-    )
-    return dataclasses.replace(base, **over)  # type: ignore[arg-type]
+    """A tiny Llama on CPU (2 layers, 2 KV heads of 32, 128-token blocks); ``over`` replaces fields."""
+    return dataclasses.replace(engine_facts(model="/models/tiny", block_size=128), **over)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -137,8 +117,10 @@ def test_chunk_keys_depend_on_namespace_rank_and_hash() -> None:
 
 
 def test_lookup_keys_are_chunk_major_over_ranks() -> None:
+    from infera.engine.vllm import groups
+
     ns, hashes = b"n" * 16, [b"x" * 32, b"y" * 32]
-    got = K.lookup_keys(ns, hashes, 2)
+    got, _ = groups.plan_keys(groups.single_group(16, 256), ns, hashes, 2)
     assert got == [
         K.chunk_key(ns, hashes[0], 0),
         K.chunk_key(ns, hashes[0], 1),

@@ -18,13 +18,11 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA/ROCm device", allow_module_level=True)
 
-from infera.engine.vllm.config import ConnectorEnv  # noqa: E402
-from infera.engine.vllm.keys import EngineFacts, make_namespace  # noqa: E402
-from infera.engine.vllm.link import DaemonLink  # noqa: E402
+from connector_kit import engine_facts, worker_half  # noqa: E402
+
 from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob  # noqa: E402
 from infera.engine.vllm.worker.gpu.copier import ArenaPin, GpuCopier, LoadItem, SaveItem  # noqa: E402
-from infera.engine.vllm.worker.gpu.gpudirect import gpu_wsum31  # noqa: E402
-from infera.engine.vllm.worker.half import WorkerHalf  # noqa: E402
+from infera.engine.vllm.worker.gpu.gdfiles import gpu_wsum31  # noqa: E402
 from infera.engine.vllm.worker.layout import KVLayout  # noqa: E402
 from infera.kvd import chunkfile as cf  # noqa: E402
 
@@ -124,27 +122,13 @@ def test_gpu_checksum_equals_the_cpu_one() -> None:
         assert gpu_wsum31(data) == cf.wsum31(data.cpu().numpy().tobytes())
 
 
-FACTS = EngineFacts(
-    model="/m/gpu", model_type="llama", num_layers=8, total_kv_heads=4, kv_heads_per_rank=4, head_size=64,
-    use_mla=False, dtype="bfloat16", kv_cache_dtype="auto", block_size=16, hash_block_size=16,
-    bytes_per_token=8 * 4 * 128 * 2, tp_size=1, pp_size=1, hash_algo="sha256", hash_seed="fixed",
-    vllm_version="0.26", platform="cuda",
-)  # fmt: skip
+FACTS = engine_facts(
+    model="/m/gpu", num_layers=8, kv_heads=4, head_size=64, vllm_version="0.26", platform="cuda"
+)
 
 
 def test_worker_registers_the_daemon_arena_and_round_trips(daemon: Any) -> None:
-    ns = make_namespace(FACTS, 32)
-    link = DaemonLink(daemon.socket, ns, role="vllm-worker-0", name="t", model="/m/gpu", want_arena=True)
-    w = WorkerHalf(
-        ns,
-        ConnectorEnv(socket=daemon.socket),
-        rank=0,
-        replicated=False,
-        link=link,
-        blockers=[],
-        num_blocks=B,
-        block_size=16,
-    )
+    w = worker_half(FACTS, 32, daemon.socket, B)
     kv = caches("0.26")
     w.register(kv)
     assert w.gpu is not None and w.pin.pinned, w.pin.error

@@ -13,7 +13,6 @@ import resource
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 from hostile import (
@@ -37,11 +36,6 @@ from infera.kvd.snapshot import STATS_MAX_CLIENTS
 
 MiB = 1 << 20
 RSS_GROWTH_MAX = 64 * MiB  # daemon memory a flood may add (was ~1 GB for items 5 and 12)
-
-
-def _stats(d: Daemon) -> dict[str, Any]:
-    with KvdClient(d.socket, want_arena=False, timeout=10) as c:
-        return c.stats()
 
 
 # -- item 2: a client that never reads must not freeze the loop ------------------------------------
@@ -78,7 +72,7 @@ def test_a_reply_flood_is_capped_per_connection_and_resumes(daemon: Daemon) -> N
         sent = pipeline(s, flood, stall_s=1.0)  # never reads a reply
         time.sleep(0.5)
         grown = procfs.rss_bytes(daemon.pid) - base
-        paused = _stats(daemon).get("output_paused_total")
+        paused = daemon.stats().get("output_paused_total")
     probe.assert_healthy()
     assert grown < RSS_GROWTH_MAX, f"daemon grew by {grown / MiB:.0f} MiB"
     assert paused == 1
@@ -104,7 +98,7 @@ def test_reply_floods_of_many_connections_share_one_budget(daemon: Daemon) -> No
             pipeline(s, flood, stall_s=0.5)
         wait_rounds(probe, 300)
         grown = procfs.rss_bytes(daemon.pid) - base
-        st = _stats(daemon)
+        st = daemon.stats()
         for s in hostile:
             s.close()
     probe.assert_healthy()
@@ -156,7 +150,7 @@ def test_out_of_descriptors_backs_off_logs_once_and_recovers(start_daemon: Calla
     probe.assert_healthy()
     assert cpu < CPU_MAX_FRACTION * EMFILE_WINDOW_S, f"daemon used {cpu:.2f} s of CPU out of descriptors"
     assert logged < LOG_GROWTH_MAX, f"{logged} bytes of log in {EMFILE_WINDOW_S} s"
-    assert _stats(d)["accept_errors_total"] >= 1
+    assert d.stats()["accept_errors_total"] >= 1
     assert d.log().count("accept failed") == 1  # one line for the whole episode
 
 
@@ -182,7 +176,7 @@ def test_one_connection_cannot_exhaust_namespace_ids(daemon: Daemon) -> None:
         # a new engine still gets in, with a namespace of its own
         with KvdClient(daemon.socket, namespace="new-engine", timeout=5) as c:
             assert c.put(b"k", b"fresh") and c.get(b"k") == b"fresh"
-        st = _stats(daemon)
+        st = daemon.stats()
         s.close()
     probe.assert_healthy()
     assert ok <= NS_PER_CONNECTION_MAX
@@ -197,7 +191,7 @@ def test_namespace_ids_are_freed_but_never_while_chunks_use_them(daemon: Daemon)
         for i in range(CHURN):
             with KvdClient(daemon.socket, namespace=f"churn-{i}", want_arena=False, timeout=5) as c:
                 assert c.lookup([b"k"]) == 0  # never sees another namespace's chunk
-        in_use = _stats(daemon)["namespace_ids_in_use"]
+        in_use = daemon.stats()["namespace_ids_in_use"]
         # the writer's id is kept while its chunk is in RAM: it comes back to its bytes
         with KvdClient(daemon.socket, namespace="writer") as w:
             assert w.get(b"k") == b"writer's bytes"
@@ -253,7 +247,7 @@ def test_client_metadata_is_bounded_and_stats_always_fits(daemon: Daemon) -> Non
         counters = {"c" * 1000: 1, **{f"c{i}": i for i in range(500)}}
         s.sendall(frame({"op": "REPORT", "id": 9, "report": {"counters": counters}}))
         assert read_reply(s)["ok"]
-        st = _stats(daemon)
+        st = daemon.stats()
         me = next(c for c in st["clients"] if c["name"].startswith("n"))
         assert len(me["name"]) == P.MAX_TEXT_LEN and len(me["model"]) == P.MAX_TEXT_LEN
         assert (
@@ -351,7 +345,7 @@ def test_parked_partial_frames_share_one_input_budget(daemon: Daemon) -> None:
         keys = [i.to_bytes(8, "big") * 8 for i in range(P.MAX_BATCH)]  # 65,536 keys of 64 bytes
         with KvdClient(daemon.socket, namespace="big", want_arena=False, timeout=10) as c:
             assert c.lookup(keys) == 0
-        st = _stats(daemon)
+        st = daemon.stats()
         for s in parked:
             s.close()
         wait_rounds(probe)

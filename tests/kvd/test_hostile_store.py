@@ -11,6 +11,7 @@ import socket
 import time
 import urllib.request
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hostile import HealthProbe, HoldingProbe, frame, hello, raw, read_reply
@@ -24,7 +25,7 @@ from infera.kvd import metrics
 from infera.kvd import protocol as P
 from infera.kvd.arena import ALIGN, align_up
 from infera.kvd.protocol import RETENTION_CODE
-from infera.kvd.store import BUSY, HELD, Chunk, Store
+from infera.kvd.store import BUSY, GONE, HELD, IN_LRU, Chunk, Store
 
 EPHEMERAL, SHORT, LONG = (RETENTION_CODE[r] for r in ("ephemeral", "short", "long"))
 
@@ -190,6 +191,22 @@ def _sealed(store: Store, name: bytes, retention: int = SHORT, size: int = ALIGN
     return res.chunk
 
 
+def _check_queues(store: Store) -> None:
+    """Every indexed chunk not set aside has exactly one live entry (its last) in its class's
+    deque; every other entry is counted stale; the class counts add up."""
+    for cls, q in store.lru.items():
+        live = [c for c in q if c.parked == IN_LRU]
+        seen: dict[int, int] = {}
+        for c in live:
+            seen[id(c)] = seen.get(id(c), 0) + 1
+        assert all(c.queued == seen[id(c)] for c in live)
+        assert len(seen) == sum(1 for c in store.index.values() if c.retention == cls and c.parked == IN_LRU)
+        assert len(q) - len(seen) == store.stale[cls] >= 0
+        assert all(c.parked == GONE or c.ikey in store.index for c in q)
+    assert sum(store.chunks_by_class().values()) == len(store.index)
+    assert sum(len(p) for p in store.parked.values()) == sum(1 for c in store.index.values() if c.parked)
+
+
 def _fill_all(store: Store, retention: int = SHORT) -> list[Chunk]:
     out = []
     while store.alloc.free_bytes >= ALIGN:
@@ -261,7 +278,7 @@ def test_store_held_chunks_come_back_when_the_hold_passes() -> None:
     store.sweep()
     assert b.parked == BUSY
     store.release(b)
-    assert b.parked == 0 and b.ikey in store.lru[SHORT]
+    assert b.parked == 0 and b in store.lru[SHORT]
 
 
 def test_store_pinned_chunk_comes_back_on_unpin() -> None:
@@ -275,11 +292,15 @@ def test_store_pinned_chunk_comes_back_on_unpin() -> None:
     assert b.ikey not in store.index and a.ikey in store.index
 
 
-def test_store_ephemeral_expired_while_leased_goes_when_released() -> None:
+def _two_ephemeral(ttl: float) -> tuple[list[float], Store, Any, Any]:
+    """A store on a hand-moved clock (``now[0]``) holding two ephemeral chunks, e then f."""
     now = [0.0]
-    store = Store(4 * ALIGN, ephemeral_ttl=10, clock=lambda: now[0])
-    e = _sealed(store, b"e", EPHEMERAL)
-    f = _sealed(store, b"f", EPHEMERAL)
+    store = Store(4 * ALIGN, ephemeral_ttl=ttl, clock=lambda: now[0])
+    return now, store, _sealed(store, b"e", EPHEMERAL), _sealed(store, b"f", EPHEMERAL)
+
+
+def test_store_ephemeral_expired_while_leased_goes_when_released() -> None:
+    now, store, e, f = _two_ephemeral(10)
     store.lease(e)
     now[0] += 11
     assert store.sweep() == 1  # f; e is in use
@@ -369,15 +390,15 @@ def test_store_model(ops: list[tuple]) -> None:
     def check(full: bool) -> None:
         t = now[0]
         for ikey, chunk in store.index.items():
-            home = store.lru[chunk.retention] if not chunk.parked else store.parked[chunk.retention]
-            assert chunk.home is home and home.get(ikey) is chunk
+            if chunk.parked == IN_LRU:
+                assert chunk.queued >= 1 and ikey not in store.parked[chunk.retention]
+            else:
+                assert store.parked[chunk.retention].get(ikey) is chunk
             if chunk.parked == BUSY:
                 assert chunk.leases or chunk.pins
             if full:
                 assert not chunk.evictable(t), "refused full with an evictable chunk in RAM"
-        assert sum(len(q) for q in store.lru.values()) + sum(len(q) for q in store.parked.values()) == len(
-            store.index
-        )
+        _check_queues(store)
         live = {id(c): c for c in [*store.index.values(), *store.pending.values(), *leased, *pinned]}
         assert store.alloc.used == sum(align_up(max(c.length, 1)) for c in live.values())
 
@@ -419,3 +440,112 @@ def test_store_model(ops: list[tuple]) -> None:
         store.unpin(chunk)
     store.delete(list(store.index))
     assert store.alloc.used == 0 and not any(store.parked.values())
+
+
+# -- the CLOCK queues (issue 23) --------------------------------------------------------------------
+
+
+def test_store_lookup_gives_a_second_chance_not_a_new_place() -> None:
+    store = Store(4 * ALIGN)
+    a, b, c, d = (_sealed(store, n) for n in (b"a", b"b", b"c", b"d"))
+    assert store.count_present([c.ikey, a.ikey]) == 2
+    assert a.ref and c.ref and not b.ref and list(store.lru[SHORT]) == [a, b, c, d]  # nothing moved
+    evicted = []
+    for name in (b"w", b"x", b"y", b"z"):
+        before = set(store.index)
+        store.seal(store.reserve(ks.ikey(0, name), ALIGN, SHORT).chunk)  # type: ignore[arg-type]
+        evicted += [ks.key_of(k) for k in before - set(store.index)]
+    # the untouched go first; a and c went back to the young end when the scan met them (a
+    # before w was sealed, c after), each once
+    assert evicted == [b"b", b"d", b"a", b"w"]
+    assert c.ikey in store.index
+    _check_queues(store)
+
+
+def test_store_stale_entries_are_compacted(monkeypatch: pytest.MonkeyPatch) -> None:
+    import infera.kvd.evictq as evictq
+
+    monkeypatch.setattr(evictq, "COMPACT_MIN", 8)
+    store = Store(64 * ALIGN)
+    keep = [_sealed(store, b"keep%d" % i) for i in range(4)]
+    for i in range(500):  # overwrites and deletes, never an eviction: every old entry goes stale
+        name = b"churn%d" % (i % 16)
+        res = store.reserve(ks.ikey(0, name), ALIGN, SHORT, overwrite=True)
+        assert res.chunk is not None
+        store.seal(res.chunk)
+        if i % 3 == 0:
+            store.delete([ks.ikey(0, name)])
+        _check_queues(store)
+    assert len(store.lru[SHORT]) <= 2 * (len(store.index) + 8) + 1
+    # order survives compaction: the kept chunks are still the oldest
+    assert list(store.lru[SHORT])[:4] == keep
+
+
+def test_store_parked_from_the_middle_then_back_is_queued_once() -> None:
+    now, store, e, f = _two_ephemeral(5)
+    store.lease(f)
+    now[0] += 6
+    store.sweep()  # e expires; f is leased: set aside from the middle of the queue
+    assert e.ikey not in store.index and f.parked == BUSY and f.queued == 1
+    _check_queues(store)
+    store.lease(f)
+    store.release(f)
+    store.release(f)  # back, and expired at once (its TTL passed while it was leased)
+    assert f.ikey not in store.index and store.alloc.used == 0
+    _check_queues(store)
+    assert store.stale[EPHEMERAL] == 3 and f.queued == 2  # e's entry, f's old and its new one
+    g = _sealed(store, b"g", EPHEMERAL)
+    assert store.reserve(ks.ikey(0, b"x"), 4 * ALIGN, SHORT).chunk is not None  # g evicted
+    assert g.ikey not in store.index and store.stale[EPHEMERAL] == 0 and not store.lru[EPHEMERAL]
+    _check_queues(store)
+
+
+def test_lookup_storm_on_a_full_arena_keeps_evictions_cheap(start_daemon: Callable[..., Daemon]) -> None:
+    """A client LOOKUPs all of its chunks again and again (every one of them gets its second
+    chance bit), churns deletes (stale queue entries), and PUTs new chunks into the full arena
+    (each one an eviction through a queue of chunks that all want a second chance). Its PUTs stay
+    fast, and the healthy client next to it is served correct bytes throughout."""
+    d = start_daemon("--max-bytes", "32M")
+    mine = [b"storm-%d" % i for i in range(7000)]
+    with HealthProbe(d.socket) as probe:
+        s = raw(d.socket, timeout=REFUSAL_SOCKET_TIMEOUT_S)
+        hello(s, namespace="hostile", name="hostile")
+        s.sendall(
+            frame({"op": "PUT", "id": 2, "keys": mine, "lengths": [0] * len(mine), "retention": "ephemeral"})
+        )
+        tokens = [slot[0] for slot in read_reply(s)["slots"] if isinstance(slot, list)]
+        s.sendall(frame({"op": "SEAL", "id": 3, "tokens": tokens}))
+        read_reply(s)
+        rid, worst, fresh = 10, 0.0, 0
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            s.sendall(frame({"op": "LOOKUP", "id": rid, "keys": mine}))
+            read_reply(s)
+            batch = [b"fresh-%d" % (fresh + i) for i in range(500)]
+            fresh += len(batch)
+            t0 = time.monotonic()
+            s.sendall(
+                frame(
+                    {
+                        "op": "PUT",
+                        "id": rid + 1,
+                        "keys": batch,
+                        "lengths": [0] * len(batch),
+                        "retention": "ephemeral",
+                    }
+                )
+            )
+            slots = read_reply(s)["slots"]
+            worst = max(worst, time.monotonic() - t0)
+            got = [slot[0] for slot in slots if isinstance(slot, list)]
+            s.sendall(frame({"op": "SEAL", "id": rid + 2, "tokens": got}))
+            read_reply(s)
+            s.sendall(frame({"op": "DELETE", "id": rid + 3, "keys": batch[::2]}))
+            read_reply(s)
+            rid += 4
+        st = _stats(s, rid)
+        assert st["evictions_total"] > 0 and st["chunks"] <= 8192
+        assert worst <= REFUSAL_DEADLINE_S, f"a PUT of 500 keys into the full arena took {worst:.2f} s"
+        _rounds(probe, 100)
+        s.close()
+    probe.assert_healthy()

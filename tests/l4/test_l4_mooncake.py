@@ -23,6 +23,8 @@ pytestmark = pytest.mark.services
 
 MC_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}
 CHUNK = 256 << 10
+# what a failed wait prints of the long tier's stats (the whole dict is cut short)
+WHY = ("state", "hits", "misses", "failed_reads", "timeouts", "reads_in_flight", "last_error", "reconnects")
 
 
 def mooncake_daemon(start: Callable[..., Daemon], master: MooncakeMaster, name: str, *extra: str) -> Daemon:
@@ -284,11 +286,25 @@ def test_kvd_stat_shows_the_long_tier(cluster: MooncakeMaster, start_daemon: Cal
     assert "does not answer" in res.stdout
 
 
+@pytest.fixture
+def patient_cluster(services: Callable[[Service], Service], service_dir: Path) -> MooncakeMaster:
+    """A cluster whose master keeps silent clients for a minute. With the short ``client_ttl``
+    of the other tests, a master resumed after a pause of more than 2 s can check the clients'
+    liveness before it handles the pings queued meanwhile: it then drops the storage node and
+    every key on it (the CI run of 5f048af lost them that way). That is Mooncake's rule, not the
+    daemon's; this test is about the daemon."""
+    master = services(MooncakeMaster(service_dir, client_ttl_s=60))
+    assert isinstance(master, MooncakeMaster)
+    services(MooncakeStorageNode(service_dir, master))
+    return master
+
+
 def test_hung_master_never_stalls_the_daemon(
-    cluster: MooncakeMaster, start_daemon: Callable[..., Daemon]
+    patient_cluster: MooncakeMaster, start_daemon: Callable[..., Daemon]
 ) -> None:
     """A stopped (SIGSTOP) master still accepts TCP connections but never answers: reads and
     existence checks must give up on their own, and later ones must not wait at all."""
+    cluster = patient_cluster
     a, b = ready_pair(start_daemon, cluster)
     data = payloads(3, "hung")
     put_all(a, data)
@@ -314,5 +330,5 @@ def test_hung_master_never_stalls_the_daemon(
     with b.client(namespace="m") as c:  # the store answers again: reads work again
         deadline = time.monotonic() + 20
         while c.get(keys[1]) != data[keys[1]]:
-            assert time.monotonic() < deadline, long_stats(b)
+            assert time.monotonic() < deadline, {k: v for k, v in long_stats(b).items() if k in WHY}
             time.sleep(0.2)

@@ -43,6 +43,17 @@ VARIANTS = {
 }  # fmt: skip
 
 
+def local_args(kind: str, sock: str) -> list[str]:
+    """`kvd launch single|pd` arguments for a run on this machine: a 64M daemon on ``sock``, and for
+    ``pd`` a loopback etcd."""
+    if kind == "single":
+        return ["single", "--model", "m", "--socket", sock, "--max-bytes", "64M"]
+    return [
+        "pd", "--model", "m", "--etcd", "127.0.0.1:2379", "--advertise-host", "10.0.0.5",
+        "--socket", sock, "--max-bytes", "64M",
+    ]  # fmt: skip
+
+
 @dataclass
 class CliResult:
     code: int

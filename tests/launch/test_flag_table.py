@@ -251,7 +251,8 @@ def test_the_table_imports_no_daemon_runtime() -> None:
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     table, tools = (eval(line) for line in res.stdout.splitlines())
-    assert table == ["infera", "infera.errors", "infera.kvd", "infera.kvd.flags", "infera.units"]
+    own = [m for m in table if not m.startswith("infera.kvd.flags.")]  # the table's package is its own
+    assert own == ["infera", "infera.errors", "infera.kvd", "infera.kvd.flags", "infera.units"]
     runtime = {"server", "store", "arena", "tiers", "ops", "daemon", "metrics", "config"}
     assert not [m for m in tools if m.split(".")[2:3] and m.split(".")[2] in runtime], tools
 

@@ -36,12 +36,14 @@ def test_emitted_files_lint_clean(tmp_path: Path, variant: str, fmt: str) -> Non
 def test_emitted_files_read_back_as_the_same_deployment(tmp_path: Path, variant: str, fmt: str) -> None:
     want = json.loads(kvd("launch", *VARIANTS[variant], "--image", "img:1", "--format", "json").stdout)
     files = _files(tmp_path, VARIANTS[variant], fmt)
-    daemons, legs = [], []
+    daemons, legs, routers = [], [], []
     for f in files:
         dep, errors = read_source(Source(str(f), f.read_text()))
         assert errors == []
         daemons += dep.daemons
         legs += dep.legs
+        routers += dep.routers
+    assert [r.argv for r in routers] == [r["argv"] for r in want.get("routers", [])]
     assert [(d.argv, d.env) for d in daemons] == [(want["daemon"]["argv"], want["daemon"]["env"])]
     got = sorted(json.dumps([leg.argv, leg.env, leg.role, leg.ktc()]) for leg in legs)
     assert got == sorted(

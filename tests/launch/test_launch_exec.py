@@ -11,29 +11,13 @@ import json
 from pathlib import Path
 
 import pytest
-from launchkit import kvd, run_script, wait_gone
+from launchkit import kvd, local_args, run_script, wait_gone
 
 
 def _deployment(tmp: Path, kind: str, *extra: str) -> tuple[str, dict]:  # type: ignore[type-arg]
     sock = str(tmp / "kvd.sock")
     extra = ("--python", "python", *extra)  # the stub is the `python` first on PATH
-    if kind == "single":
-        args = ["single", "--model", "m", "--socket", sock, "--max-bytes", "64M", *extra]
-    else:
-        args = [
-            "pd",
-            "--model",
-            "m",
-            "--etcd",
-            "127.0.0.1:2379",
-            "--advertise-host",
-            "10.0.0.5",
-            "--socket",
-            sock,
-            "--max-bytes",
-            "64M",
-            *extra,
-        ]
+    args = [*local_args(kind, sock), *extra]
     script = kvd("launch", *args).stdout
     spec = json.loads(kvd("launch", *args, "--json").stdout)
     return script, spec
@@ -66,14 +50,17 @@ def test_single_script_starts_the_daemon_then_the_engine(short_tmp: Path) -> Non
     assert wait_gone(short_tmp / "kvd.sock"), "the daemon was not stopped when the engine ended"
 
 
-@pytest.mark.parametrize("part", ["all", "prefill", "decode"])
+@pytest.mark.parametrize("part", ["all", "prefill", "decode", "router"])
 def test_pd_script_parts(short_tmp: Path, part: str) -> None:
     script, spec = _deployment(short_tmp, "pd")
     args = [] if part == "all" else [part]
     code, records, out = run_script(script, short_tmp, *args)
     assert code == 0, out
     legs = {leg["name"]: leg for leg in spec["legs"]}
-    want = ["prefill", "decode"] if part == "all" else [part]
+    routers = [r for r in records if "vllm_router.launch_router" in r["argv"]]
+    assert [r["argv"] for r in routers] == ([spec["routers"][0]["argv"]] if part in ("all", "router") else [])
+    records = [r for r in records if r not in routers]
+    want = {"all": ["prefill", "decode"], "router": []}.get(part, [part])
     assert len(records) == len(want)
     by_port = {r["argv"][r["argv"].index("--port") + 1]: r for r in records}
     for name in want:
@@ -81,8 +68,8 @@ def test_pd_script_parts(short_tmp: Path, part: str) -> None:
         rec = by_port[leg["argv"][leg["argv"].index("--port") + 1]]
         _check(rec, leg)
         assert rec.get("daemon_answered") is (True if name == "prefill" else None)
-    assert wait_gone(short_tmp / "kvd.sock")
-    if part == "decode":
+    assert part == "router" or wait_gone(short_tmp / "kvd.sock")
+    if part in ("decode", "router"):
         assert "infera.kvd" not in out  # no daemon on the decode host
 
 

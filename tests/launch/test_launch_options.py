@@ -143,7 +143,12 @@ def test_out_writes_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
     res = kvd("launch", *PD, "--format", "systemd", "--out", str(tmp_path / "units"))
     assert res.code == 0 and res.stdout == ""
     names = sorted(p.name for p in (tmp_path / "units").iterdir())
-    assert names == ["infera-decode.service", "infera-kvd.service", "infera-prefill.service"]
+    assert names == [
+        "infera-decode.service",
+        "infera-kvd.service",
+        "infera-prefill.service",
+        "infera-router.service",
+    ]
     res = kvd("launch", *PD, "--out", str(tmp_path / "sh"), "--emit")
     sh = tmp_path / "sh" / "launch.sh"
     assert sh.stat().st_mode & 0o111 and res.stdout == sh.read_text()

@@ -244,9 +244,18 @@ def test_planted_non_chunk_files_are_never_present(
     assert tree_snapshot(outside) == before
 
     d.stop()
-    d.start()  # the next restart: still absent, counted again, nothing more quarantined
+    d.start()  # a clean restart adopts the index snapshot: still absent, nothing re-checked
     with d.client(namespace=NS, timeout=5) as c:
         s = wait_ready(c)
+        assert s["index_source"] == "snapshot" and s["chunks"] == 3
+        assert s["files_ignored"] == 0 and s["corrupt_chunks"] == 0 and s["quarantined"] == 7
+        assert all(c.lookup([key]) == 0 for key in irregular + corrupt)
+        assert all(c.get(k) == v for k, v in good.items())
+    d.kill()
+    d.start()  # after a crash the scan: still absent, counted again, nothing more quarantined
+    with d.client(namespace=NS, timeout=5) as c:
+        s = wait_ready(c)
+        assert s["index_source"] == "scan"
         assert s["files_ignored"] == 5 and s["corrupt_chunks"] == 0 and s["quarantined"] == 7
         assert all(c.lookup([key]) == 0 for key in irregular + corrupt)
         assert all(c.get(k) == v for k, v in good.items())

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from helpers import Daemon
 from infera.kvd import chunkfile as cf
@@ -32,6 +35,12 @@ def wait_written(c: KvdClient, files: int) -> dict[str, Any]:
         15,
         f"{files} chunk files written",
     )
+
+
+@pytest.fixture
+def root(short_tmp: Path) -> Path:
+    """The daemon's --long-path (not created: the daemon makes it)."""
+    return short_tmp / "long"
 
 
 def disk_daemon(
@@ -66,16 +75,20 @@ def on_disk(d: Daemon, n: int, size: int) -> dict[bytes, bytes]:
     return data
 
 
-def test_kill_9_and_restart_returns_identical_bytes(
-    start_daemon: Callable[..., Daemon], short_tmp: Path
-) -> None:
-    root = short_tmp / "long"
-    d = disk_daemon(start_daemon, root)
-    data = on_disk(d, 12, 256 << 10)
+@contextlib.contextmanager
+def after_kill_9(d: Daemon) -> Iterator[KvdClient]:
+    """``kill -9`` the daemon, start it again and yield a client once its index is loaded."""
     d.kill()
     d.start()
     with d.client(namespace=NS) as c:
         wait_ready(c)
+        yield c
+
+
+def test_kill_9_and_restart_returns_identical_bytes(start_daemon: Callable[..., Daemon], root: Path) -> None:
+    d = disk_daemon(start_daemon, root)
+    data = on_disk(d, 12, 256 << 10)
+    with after_kill_9(d) as c:
         assert c.lookup(list(data)) == 12
         for k, v in data.items():
             assert c.get(k) == v
@@ -87,16 +100,12 @@ def test_kill_9_and_restart_returns_identical_bytes(
 
 
 def test_kill_9_during_writes_leaves_no_partial_chunk(
-    start_daemon: Callable[..., Daemon], short_tmp: Path
+    start_daemon: Callable[..., Daemon], root: Path
 ) -> None:
-    root = short_tmp / "long"
     d = disk_daemon(start_daemon, root, "128M", "128M", "--fsync", "always")
     with d.client(namespace=NS) as c:
         data = put_chunks(c, 24, 2 << 20)
-    d.kill()  # writes are still queued or running
-    d.start()
-    with d.client(namespace=NS) as c:
-        wait_ready(c)
+    with after_kill_9(d) as c:  # writes are still queued or running
         got = [c.get(k) for k in data]
         s = c.stats()
     assert all(g is None or g == data[k] for g, k in zip(got, data, strict=True))
@@ -104,8 +113,7 @@ def test_kill_9_during_writes_leaves_no_partial_chunk(
     assert s["tiers"]["long"]["chunks"] == len(chunk_files(root)) == sum(g is not None for g in got)
 
 
-def test_clean_stop_writes_the_backlog(start_daemon: Callable[..., Daemon], short_tmp: Path) -> None:
-    root = short_tmp / "long"
+def test_clean_stop_writes_the_backlog(start_daemon: Callable[..., Daemon], root: Path) -> None:
     d = disk_daemon(start_daemon, root, "16M", "64M", env={"INFERA_KVD_TEST_WRITE_DELAY_S": "0.05"})
     with d.client(namespace=NS) as c:
         put_chunks(c, 12, 1 << 20)  # more than half the arena: some writes wait in the backlog
@@ -115,10 +123,7 @@ def test_clean_stop_writes_the_backlog(start_daemon: Callable[..., Daemon], shor
     assert len(chunk_files(root)) == 12 - s["evicted_unwritten"]
 
 
-def test_small_arena_spills_to_disk_and_reads_back(
-    start_daemon: Callable[..., Daemon], short_tmp: Path
-) -> None:
-    root = short_tmp / "long"
+def test_small_arena_spills_to_disk_and_reads_back(start_daemon: Callable[..., Daemon], root: Path) -> None:
     d = disk_daemon(start_daemon, root, "4M", "64M")
     with d.client(namespace=NS) as c:
         data: dict[bytes, bytes] = {}
@@ -133,9 +138,8 @@ def test_small_arena_spills_to_disk_and_reads_back(
 
 
 def test_flipped_byte_is_a_counted_miss_and_quarantined(
-    start_daemon: Callable[..., Daemon], short_tmp: Path
+    start_daemon: Callable[..., Daemon], root: Path
 ) -> None:
-    root = short_tmp / "long"
     d = disk_daemon(start_daemon, root)
     data = on_disk(d, 3, 64 << 10)
     d.stop()
@@ -157,8 +161,7 @@ def test_flipped_byte_is_a_counted_miss_and_quarantined(
     assert "corrupt chunk" in d.log()
 
 
-def test_truncated_file_is_a_counted_miss(start_daemon: Callable[..., Daemon], short_tmp: Path) -> None:
-    root = short_tmp / "long"
+def test_truncated_file_is_a_counted_miss(start_daemon: Callable[..., Daemon], root: Path) -> None:
     d = disk_daemon(start_daemon, root, "1M", "64M")  # the arena cannot keep them: reads hit disk
     with d.client(namespace=NS) as c:
         data = put_chunks(c, 4, 200 << 10)
@@ -189,8 +192,7 @@ def test_enospc_keeps_serving_from_ram_and_says_why(
     assert not [p for p in small_fs.rglob(".*.tmp")], "failed writes must not leave temp files"
 
 
-def test_long_bytes_holds_after_restart(start_daemon: Callable[..., Daemon], short_tmp: Path) -> None:
-    root = short_tmp / "long"
+def test_long_bytes_holds_after_restart(start_daemon: Callable[..., Daemon], root: Path) -> None:
     d = disk_daemon(start_daemon, root, "64M", "16M")
     with d.client(namespace=NS) as c:
         put_chunks(c, 10, 1 << 20)
@@ -211,8 +213,7 @@ def test_long_bytes_holds_after_restart(start_daemon: Callable[..., Daemon], sho
         assert min(mtime[k] for k in kept) >= max(mtime[k] for k in mtime if k not in kept)
 
 
-def test_chunk_hot_in_ram_keeps_its_file(start_daemon: Callable[..., Daemon], short_tmp: Path) -> None:
-    root = short_tmp / "long"
+def test_chunk_hot_in_ram_keeps_its_file(start_daemon: Callable[..., Daemon], root: Path) -> None:
     d = disk_daemon(start_daemon, root, "4M", str(5 * (cf.HEADER_SIZE + (1 << 20))))
     with d.client(namespace=NS) as c:
         hot = os.urandom(1 << 20)
@@ -226,8 +227,7 @@ def test_chunk_hot_in_ram_keeps_its_file(start_daemon: Callable[..., Daemon], sh
     assert Path(cf.chunk_path(str(root), NS, b"hot")).exists(), "the oldest file, but its chunk is hot"
 
 
-def test_only_long_chunks_reach_disk(start_daemon: Callable[..., Daemon], short_tmp: Path) -> None:
-    root = short_tmp / "long"
+def test_only_long_chunks_reach_disk(start_daemon: Callable[..., Daemon], root: Path) -> None:
     d = disk_daemon(start_daemon, root)
     with d.client(namespace=NS) as c:
         for retention in ("short", "ephemeral", "none", "long"):
@@ -237,8 +237,7 @@ def test_only_long_chunks_reach_disk(start_daemon: Callable[..., Daemon], short_
     assert [p.name for p in chunk_files(root)] == [b"long".hex() + ".kvcache"]
 
 
-def test_loading_state_and_lookup_while_loading(start_daemon: Callable[..., Daemon], short_tmp: Path) -> None:
-    root = short_tmp / "long"
+def test_loading_state_and_lookup_while_loading(start_daemon: Callable[..., Daemon], root: Path) -> None:
     payloads = {f"pre-{i}".encode(): os.urandom(3000) for i in range(50)}
     for k, v in payloads.items():
         cf.write_chunk(str(root), NS, k, v, sync="none")
@@ -257,14 +256,10 @@ def test_loading_state_and_lookup_while_loading(start_daemon: Callable[..., Daem
     assert (root / "v2" / "x.kvcache").exists(), "files of another format version are left alone"
 
 
-def test_prewarm_pulls_chunks_into_ram(start_daemon: Callable[..., Daemon], short_tmp: Path) -> None:
-    root = short_tmp / "long"
+def test_prewarm_pulls_chunks_into_ram(start_daemon: Callable[..., Daemon], root: Path) -> None:
     d = disk_daemon(start_daemon, root)
     data = on_disk(d, 5, 100 << 10)
-    d.kill()
-    d.start()
-    with d.client(namespace=NS) as c:
-        wait_ready(c)
+    with after_kill_9(d) as c:
         assert c.prewarm([*data, b"not-there"]) == 5
         wait_until(lambda: c.stats()["chunks"] == 5, 15, "prewarmed chunks in RAM")
         assert all(c.get(k) == v for k, v in data.items())
@@ -272,8 +267,7 @@ def test_prewarm_pulls_chunks_into_ram(start_daemon: Callable[..., Daemon], shor
         assert s["prewarmed"] == 5 and s["hits"] == 0
 
 
-def test_delete_removes_the_file(start_daemon: Callable[..., Daemon], short_tmp: Path) -> None:
-    root = short_tmp / "long"
+def test_delete_removes_the_file(start_daemon: Callable[..., Daemon], root: Path) -> None:
     d = disk_daemon(start_daemon, root)
     with d.client(namespace=NS) as c:
         put_chunks(c, 2, 1000)
@@ -284,9 +278,8 @@ def test_delete_removes_the_file(start_daemon: Callable[..., Daemon], short_tmp:
 
 
 def test_second_daemon_on_the_same_long_path_is_refused(
-    start_daemon: Callable[..., Daemon], short_tmp: Path
+    start_daemon: Callable[..., Daemon], short_tmp: Path, root: Path
 ) -> None:
-    root = short_tmp / "long"
     disk_daemon(start_daemon, root)
     cmd = [sys.executable, "-m", "infera.kvd", "--socket", str(short_tmp / "second.sock")]
     res = subprocess.run(

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from textual.pilot import Pilot
 from tui_screen import run, screen_text
 
 from infera.bench.top_render import synthetic_stats
@@ -9,12 +14,19 @@ from infera.tui.app import TopApp
 from infera.tui.table import ClientTable
 
 
+@contextlib.asynccontextmanager
+async def showing(stats: dict[str, Any]) -> AsyncIterator[tuple[TopApp, Pilot]]:
+    """``kvd top`` with no daemon, on a 160x48 screen, showing ``stats``."""
+    app = TopApp("/nowhere.sock", 1.0, poll=False)
+    async with app.run_test(size=(160, 48)) as pilot:
+        app.show_stats(stats, 0.0)
+        await pilot.pause()
+        yield app, pilot
+
+
 def test_many_clients_scroll_with_page_keys_and_keep_the_header() -> None:
     async def body() -> None:
-        app = TopApp("/nowhere.sock", 1.0, poll=False)
-        async with app.run_test(size=(160, 48)) as pilot:
-            app.show_stats(synthetic_stats(60, 1), 0.0)
-            await pilot.pause()
+        async with showing(synthetic_stats(60, 1)) as (app, pilot):
             text = screen_text(app)
             assert "clients (60)" in text
             assert " vllm-engine-0 " in text and " vllm-engine-59 " not in text
@@ -35,10 +47,7 @@ def test_many_clients_scroll_with_page_keys_and_keep_the_header() -> None:
 
 def test_refresh_keeps_the_scroll_position() -> None:
     async def body() -> None:
-        app = TopApp("/nowhere.sock", 1.0, poll=False)
-        async with app.run_test(size=(160, 48)) as pilot:
-            app.show_stats(synthetic_stats(60, 1), 0.0)
-            await pilot.pause()
+        async with showing(synthetic_stats(60, 1)) as (app, pilot):
             for _ in range(2):
                 await pilot.press("pagedown")
             await pilot.pause()
@@ -53,12 +62,9 @@ def test_refresh_keeps_the_scroll_position() -> None:
 
 def test_long_cells_are_cut_with_an_ellipsis() -> None:
     async def body() -> None:
-        app = TopApp("/nowhere.sock", 1.0, poll=False)
         stats = synthetic_stats(1, 1)
         stats["clients"][0]["model"] = "org/" + "x" * 80
-        async with app.run_test(size=(160, 48)) as pilot:
-            app.show_stats(stats, 0.0)
-            await pilot.pause()
+        async with showing(stats) as (app, _pilot):
             text = screen_text(app)
             assert "org/xxx" in text and "…" in text and "x" * 80 not in text
 

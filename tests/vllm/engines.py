@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from helpers import free_port
+from infera.kvd.process import kill_child, stop_group
 
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "engine_runner.py"
@@ -30,6 +31,49 @@ CONNECTOR = {
     "kv_role": "kv_both",
     "kv_connector_module_path": "infera.engine.vllm.kvd_connector",
 }
+
+
+def example_multi_config(storage: Path) -> dict[str, Any]:
+    """The product doc's prefill ``kv_producer`` MultiConnector, vLLM's ExampleConnector (writing to
+    ``storage``) standing in for the transport child (MooncakeConnector needs RDMA/GPUs)."""
+    return {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {
+            "connectors": [
+                CONNECTOR,
+                {
+                    "kv_connector": "ExampleConnector",
+                    "kv_role": "kv_producer",
+                    "kv_connector_extra_config": {"shared_storage_path": str(storage)},
+                },
+            ]
+        },
+    }
+
+
+def wait_http_ok(
+    proc: subprocess.Popen[bytes],
+    http: httpx.Client,
+    path: str,
+    timeout: float,
+    log: Callable[[], str],
+    poll_s: float = 1.0,
+) -> None:
+    """Poll ``GET path`` until it answers 200; an AssertionError with the log's tail when ``proc``
+    exits first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"engine exited with {proc.returncode}:\n{log()[-6000:]}")
+        try:
+            if http.get(path, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"engine not up after {timeout:g} s:\n{log()[-6000:]}")
+        time.sleep(poll_s)
 
 
 def vllm_version() -> tuple[int, int]:
@@ -61,6 +105,9 @@ def engine_env(socket: str | None, **extra: str) -> dict[str, str]:
         env["PYTHONHASHSEED"] = "0"
     if socket is not None:
         env["INFERA_KVD_SOCKET"] = socket
+    # These tests check that loads are exact, so every hit is loaded; the cost-aware policy
+    # (auto, the default) has its own tests (test_load_policy.py), which set it explicitly.
+    env["INFERA_KVD_LOAD_POLICY"] = "always"
     env.update(extra)
     return env
 
@@ -90,6 +137,7 @@ def run_engine(
     timeout: float = 600,
     on_wait: Callable[[], None] | None = None,
     engine_kw: dict[str, Any] | None = None,
+    baseline_first: bool = False,
 ) -> EngineRun:
     """Run one engine process to the end. A ``wait_for_daemon`` step makes the runner drop a
     marker file and wait; ``on_wait`` (e.g. starting the daemon) is then called from here."""
@@ -98,6 +146,7 @@ def run_engine(
         "kv_transfer_config": kv_transfer_config or {**CONNECTOR, "kv_load_failure_policy": "recompute"},
         "steps": steps,
         "engine_kw": engine_kw or {},
+        "baseline_first": baseline_first,
     }
     fd, spec_path = tempfile.mkstemp(suffix=".json", dir=workdir)
     with os.fdopen(fd, "w") as fh:
@@ -122,9 +171,7 @@ def run_engine(
                     raise AssertionError(f"engine run timed out after {timeout} s")
                 time.sleep(0.1)
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            kill_child(proc)
     stdout, stderr = out_path.read_text(), err_path.read_text()
     log = stdout + stderr
     lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
@@ -172,6 +219,17 @@ class Server:
         return self.http.post("/v1/cache/prewarm", content=json.dumps(body))
 
 
+def server_argv(model: str, port: int) -> list[str]:
+    """``python -m infera.engine.vllm`` serving ``model`` as ``tiny`` on loopback ``port``, small and eager."""
+    return [
+        sys.executable, "-m", "infera.engine.vllm",
+        "--model", model, "--served-model-name", "tiny",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--skip-tokenizer-init", "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", "4",
+        "--enable-prefix-caching", "--kv-cache-memory-bytes", str(32 << 20),
+    ]  # fmt: skip
+
+
 @contextlib.contextmanager
 def start_server(
     model: str,
@@ -189,11 +247,7 @@ def start_server(
     port = free_port()
     env = env if env is not None else server_env()
     cmd = [
-        sys.executable, "-m", "infera.engine.vllm",
-        "--model", model, "--served-model-name", "tiny",
-        "--host", "127.0.0.1", "--port", str(port),
-        "--skip-tokenizer-init", "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", "4",
-        "--enable-prefix-caching", "--kv-cache-memory-bytes", str(32 << 20),
+        *server_argv(model, port),
         "--kvd-socket-path", socket,
         "--kv-transfer-config", json.dumps(kv_transfer_config or CONNECTOR),
         *(extra_args or []),
@@ -203,18 +257,7 @@ def start_server(
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     srv = Server(proc, port, log_path)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"server exited with {proc.returncode}:\n{srv.log()[-6000:]}")
-            try:
-                if srv.http.get("/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"server not up after {timeout:g} s:\n{srv.log()[-6000:]}")
-            time.sleep(1)
+        wait_http_ok(proc, srv.http, "/v1/models", timeout, srv.log)
         yield srv
     finally:
         srv.http.close()
@@ -225,3 +268,42 @@ def start_server(
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+class Engine:
+    """One process group (an API server and its EngineCore, or a router) serving HTTP on ``port``."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], port: int, log_path: Path) -> None:
+        self.port = port
+        self.log_path = log_path
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 400) -> None:
+        wait_http_ok(self.proc, self.http, "/health", timeout, self.log, poll_s=0.5)
+
+    def complete(self, ids: list[int]) -> list[int]:
+        body = {"model": "tiny", "prompt": ids, "max_tokens": 8, "temperature": 0, "return_token_ids": True}
+        r = self.http.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        return list(r.json()["choices"][0]["token_ids"])
+
+    def metric(self, name: str) -> float:
+        for line in self.http.get("/metrics").text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        raise AssertionError(f"{name} not in /metrics")
+
+    def signal_group(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+
+    def close(self) -> None:
+        self.http.close()
+        stop_group(self.proc)

@@ -17,10 +17,9 @@ from typing import Any
 
 import pytest
 import torch
+from connector_kit import engine_facts, worker_half
 
 from infera.engine.vllm.config import ConnectorEnv, parse_copy_kernel
-from infera.engine.vllm.keys import EngineFacts, make_namespace
-from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
 from infera.engine.vllm.worker.gpu import kernel as gpu_kernel
 from infera.engine.vllm.worker.gpu.copier import (
@@ -30,8 +29,8 @@ from infera.engine.vllm.worker.gpu.copier import (
     HostOps,
     LoadItem,
     SaveItem,
-    _dma_runs,
 )
+from infera.engine.vllm.worker.gpu.staging import dma_runs
 from infera.engine.vllm.worker.half import WorkerHalf
 from infera.engine.vllm.worker.layout import KVLayout, LayoutError
 
@@ -136,9 +135,9 @@ def test_save_then_load_moves_exact_bytes(
 def test_neighbouring_chunks_move_in_one_dma_and_others_do_not() -> None:
     cb = 100
     items = [SaveItem([0], off, cb, 0) for off in (1000, 1100, 1200, 5000, 5100, 300)]
-    assert _dma_runs(items, cb) == [(0, 1000, 300), (300, 5000, 200), (500, 300, 100)]
+    assert dma_runs(items, cb) == [(0, 1000, 300), (300, 5000, 200), (500, 300, 100)]
     short = [SaveItem([0], 0, 60, 0), SaveItem([0], 60, cb, 0)]  # staging slots are cb apart
-    assert _dma_runs(short, cb) == [(0, 0, 60), (100, 60, 100)]
+    assert dma_runs(short, cb) == [(0, 0, 60), (100, 60, 100)]
 
 
 def test_copy_kernel_choice_says_why_torch_is_used() -> None:
@@ -244,28 +243,13 @@ def test_arena_pin_records_success_failure_and_unregisters() -> None:
 
 
 # -- the worker's GPU path against a real daemon --------------------------------------------------
-FACTS = EngineFacts(
-    model="/m/gpu", model_type="llama", num_layers=3, total_kv_heads=2, kv_heads_per_rank=2, head_size=8,
-    use_mla=False, dtype="bfloat16", kv_cache_dtype="auto", block_size=4, hash_block_size=4,
-    bytes_per_token=192, tp_size=1, pp_size=1, hash_algo="sha256", hash_seed="fixed", vllm_version="0.26",
-    platform="cuda",
-)  # fmt: skip
+FACTS = engine_facts(
+    model="/m/gpu", num_layers=3, head_size=8, block_size=4, vllm_version="0.26", platform="cuda"
+)
 
 
 def gpu_worker(sock: str, register: Any = None, env: ConnectorEnv | None = None) -> WorkerHalf:
-    ns = make_namespace(FACTS, 8)  # 2 blocks of 4 tokens
-    link = DaemonLink(sock, ns, role="vllm-worker-0", name="t", model="/m/gpu", want_arena=True)
-    w = WorkerHalf(
-        ns,
-        env or ConnectorEnv(socket=sock),
-        rank=0,
-        replicated=False,
-        link=link,
-        blockers=[],
-        num_blocks=B,
-        block_size=4,
-        gpu_path_on_cpu=True,
-    )
+    w = worker_half(FACTS, 8, sock, B, env=env, gpu_path_on_cpu=True)  # chunks of 2 blocks of 4 tokens
     w.pin = ArenaPin(
         enabled=(env or ConnectorEnv()).register,
         register=register or (lambda p, s: None),

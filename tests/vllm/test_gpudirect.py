@@ -18,15 +18,8 @@ from test_gpu_path import B, gpu_worker, per_layer_nhd
 
 from infera.engine.vllm.config import ConnectorEnv, read_env
 from infera.engine.vllm.worker.gpu import gpudirect
-from infera.engine.vllm.worker.gpu.gpudirect import (
-    CUFILE,
-    HIPFILE,
-    ChunkFiles,
-    FileApi,
-    HostFacts,
-    gpu_wsum31,
-    select,
-)
+from infera.engine.vllm.worker.gpu.gdfiles import ChunkFiles, gpu_wsum31
+from infera.engine.vllm.worker.gpu.gpudirect import CUFILE, HIPFILE, FileApi, HostFacts, select
 from infera.kvd import chunkfile as cf
 
 GOOD = HostFacts(nvidia_fs=True, amdgpu_version=None, fs_type=lambda p: "ext4")

@@ -15,15 +15,20 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
 
-from launchkit import kvd, run_script
+from launchkit import kvd, local_args, run_script
 
 from infera.launch.ktc import vllm_errors
 
 
 def _configs(records: list[dict]) -> list[dict]:  # type: ignore[type-arg]
+    """The engines' kv-transfer-configs; the P/D router (the only other process the script
+    runs through ``python``) has none."""
     out = []
     for rec in records:
         argv = rec["argv"]
+        if argv[1:3] == ["-m", "vllm_router.launch_router"]:
+            assert "--kv-transfer-config" not in argv
+            continue
         out.append(json.loads(argv[argv.index("--kv-transfer-config") + 1]))
     return out
 
@@ -33,22 +38,7 @@ def test_recorded_kv_transfer_config_parses_through_vllm(short_tmp: Path, kind: 
     from vllm.config import KVTransferConfig
 
     sock = str(short_tmp / "kvd.sock")
-    if kind == "single":
-        args = ["single", "--model", "m", "--socket", sock, "--max-bytes", "64M"]
-    else:
-        args = [
-            "pd",
-            "--model",
-            "m",
-            "--etcd",
-            "127.0.0.1:2379",
-            "--advertise-host",
-            "10.0.0.5",
-            "--socket",
-            sock,
-            "--max-bytes",
-            "64M",
-        ]
+    args = local_args(kind, sock)
     # `--python python`: the stub of run_script is the `python` first on PATH
     code, records, out = run_script(kvd("launch", *args, "--python", "python").stdout, short_tmp)
     assert code == 0, out
@@ -64,6 +54,8 @@ def test_recorded_kv_transfer_config_parses_through_vllm(short_tmp: Path, kind: 
             assert child_ktc.kv_role == child["kv_role"]
         assert vllm_errors(cfg) == []
     assert roles == ({"kv_both"} if kind == "single" else {"kv_producer", "kv_consumer"})
+    routers = [r for r in records if r["argv"][1:3] == ["-m", "vllm_router.launch_router"]]
+    assert len(routers) == (0 if kind == "single" else 1)  # `bash launch.sh all` starts the router too
 
 
 def test_lint_vllm_reports_what_vllm_rejects(tmp_path: Path) -> None:

@@ -12,11 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from connector_kit import engine_facts, worker_half
 
 from infera.engine.vllm import compat
 from infera.engine.vllm.config import ConnectorEnv
-from infera.engine.vllm.keys import EngineFacts, make_namespace
-from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
 from infera.engine.vllm.worker.half import WorkerHalf
 from infera.engine.vllm.worker.layout import KVLayout, LayoutError, layer_blocks
@@ -189,27 +188,11 @@ def test_vllm_spec_verdicts() -> None:
     assert got["ds_mla"].kind == "packed"
 
 
-FACTS = EngineFacts(
-    model="/m/tiny", model_type="llama", num_layers=2, total_kv_heads=2, kv_heads_per_rank=2, head_size=64,
-    use_mla=False, dtype="bfloat16", kv_cache_dtype="auto", block_size=16, hash_block_size=16,
-    bytes_per_token=1024, tp_size=1, pp_size=1, hash_algo="sha256", hash_seed="fixed", vllm_version="0.32",
-    platform="cpu",
-)  # fmt: skip
+FACTS = engine_facts(head_size=64)
 
 
 def worker(blockers: list, sock: str = "/nonexistent/kvd.sock") -> WorkerHalf:
-    ns = make_namespace(FACTS, 32)
-    link = DaemonLink(sock, ns, role="vllm-worker-0", name="t", model="/m/tiny", want_arena=True)
-    return WorkerHalf(
-        ns,
-        ConnectorEnv(),
-        rank=0,
-        replicated=False,
-        link=link,
-        blockers=blockers,
-        num_blocks=B,
-        block_size=16,
-    )
+    return worker_half(FACTS, 32, sock, B, env=ConnectorEnv(), blockers=blockers)
 
 
 def test_skipped_layer_turns_offload_off_and_loads_become_recomputes(

@@ -23,7 +23,7 @@ import pytest
 from engines import Server, prompt, run_engine, start_server, vllm_version
 from promserver import PromServer, binary
 
-from helpers import REPO, Daemon, free_port
+from helpers import REPO, Daemon, free_port, seconds_until
 
 pytestmark = [
     pytest.mark.skipif(binary("prometheus") is None, reason="prometheus is not installed (setup.sh --all)"),
@@ -76,19 +76,6 @@ def prom(kvd: Daemon, server: Server, module_tmp: Path) -> Iterator[PromServer]:
         p.stop()
 
 
-def stats(kvd: Daemon) -> dict[str, Any]:
-    with kvd.client(want_arena=False) as c:
-        return c.stats()
-
-
-def wait_for(pred: Any, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 HOST = 'sum(vllm:prompt_tokens_cached_by_source_total{source="host"})'
 DISK = 'sum(vllm:prompt_tokens_cached_by_source_total{source="disk"})'
 KVD_HITS = 'sum(vllm:kvd_hit_tokens_total{tier="%s"})'
@@ -109,10 +96,10 @@ def story(prom: PromServer, server: Server, kvd: Daemon, tiny_model: str, module
     )
 
     def written() -> bool:
-        long = stats(kvd)["tiers"]["long"]
+        long = kvd.stats()["tiers"]["long"]
         return bool(long["queued_writes"] == 0 and long["chunks"] >= 4)
 
-    wait_for(written, "disk writes")
+    seconds_until(written, 30, "disk writes", poll_s=0.1)
     kvd.restart()
     out["disk"] = server.complete(P_DISK)
     prom.wait_for(KVD_HITS % "disk", lambda v: (v or 0) >= HIT, "kvd's disk hit in vllm:kvd_hit_tokens")

@@ -54,7 +54,7 @@ def test_events_and_hit_tiers(start_daemon: Callable[..., Daemon], short_tmp: Pa
     req = request("r1", 3 * CT)  # 3 chunks; the last one cannot be loaded (the last token is computed)
     sched = half(d.socket, ev)
     st = sched._track(req)
-    st.block_ids = list(range(3 * CT // BS))
+    st.block_ids = [list(range(1, 3 * CT // BS + 1))]  # one group; block 0 is the null block
     sched._plan_saves("r1", st, 2 * CT, InferaKvdMetadata())
     stored = ev.take()
     assert [type(e) for e in stored] == [BlockStored, BlockStored]
@@ -85,7 +85,7 @@ def test_events_and_hit_tiers(start_daemon: Callable[..., Daemon], short_tmp: Pa
         (BlockRemoved, MEDIUM_RAM),
         (BlockStored, MEDIUM_LONG),
     ]
-    blocks = SimpleNamespace(get_block_ids=lambda: (list(range(12)),))
+    blocks = SimpleNamespace(get_block_ids=lambda: (list(range(1, 13)),))
     sched.after_alloc(req, blocks, hit)
     assert sched.hit_sources(req, hit) == {"disk": 2 * CT}
     assert sched.counters["hit_tokens_disk"] == 2 * CT and sched.counters["hit_tokens_ram"] == 0

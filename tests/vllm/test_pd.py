@@ -14,21 +14,17 @@ transfer engine needs RDMA or GPU memory to move KV between legs, which this CPU
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from engines import CONNECTOR, engine_env, prompt
+from engines import Engine, engine_env, example_multi_config, prompt, server_argv
 from services import Etcd
 
-from helpers import Daemon, free_port
+from helpers import Daemon, free_port, seconds_until
 from infera.discovery.etcd import EtcdClient
 from infera.doctor.context import Context, DoctorOptions
 from infera.doctor.model import Status
@@ -40,79 +36,6 @@ CHUNK = 256
 PREFIX = "/infera-kvd/v1/workers/"
 
 
-def prefill_config(storage: Path) -> dict[str, Any]:
-    return {
-        "kv_connector": "MultiConnector",
-        "kv_role": "kv_producer",
-        "kv_connector_extra_config": {
-            "connectors": [
-                CONNECTOR,
-                {
-                    "kv_connector": "ExampleConnector",
-                    "kv_role": "kv_producer",
-                    "kv_connector_extra_config": {"shared_storage_path": str(storage)},
-                },
-            ]
-        },
-    }
-
-
-class Engine:
-    """One ``python -m infera.engine.vllm`` process group (API server and its EngineCore)."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], port: int, log_path: Path) -> None:
-        self.port = port
-        self.log_path = log_path
-        with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        self.http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_ready(self, timeout: float = 400) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"engine exited with {self.proc.returncode}:\n{self.log()[-6000:]}")
-            try:
-                if self.http.get("/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"engine not up after {timeout} s:\n{self.log()[-6000:]}")
-            time.sleep(0.5)
-
-    def complete(self, ids: list[int]) -> list[int]:
-        body = {"model": "tiny", "prompt": ids, "max_tokens": 8, "temperature": 0, "return_token_ids": True}
-        r = self.http.post("/v1/completions", json=body)
-        assert r.status_code == 200, r.text
-        return list(r.json()["choices"][0]["token_ids"])
-
-    def metric(self, name: str) -> float:
-        for line in self.http.get("/metrics").text.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                return float(line.rsplit(" ", 1)[1])
-        raise AssertionError(f"{name} not in /metrics")
-
-    def signal_group(self, sig: int) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-
-    def close(self) -> None:
-        self.http.close()
-        if self.proc.poll() is None:
-            self.signal_group(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.signal_group(signal.SIGKILL)
-                self.proc.wait()
-
-
 @pytest.fixture(scope="module")
 def etcd_server(module_tmp: Path) -> Iterator[Etcd]:
     svc = Etcd(module_tmp)
@@ -121,34 +44,10 @@ def etcd_server(module_tmp: Path) -> Iterator[Etcd]:
     svc.stop()
 
 
-@pytest.fixture(scope="module")
-def kvd(module_tmp: Path) -> Iterator[Daemon]:
-    long = module_tmp / "long"
-    long.mkdir()
-    args = ["--max-bytes", "64M", "--long-path", str(long), "--long-bytes", "256M"]
-    d = Daemon(str(module_tmp / "kvd.sock"), args, module_tmp / "kvd.log").start()
-    yield d
-    d.stop()
-
-
-def stats(kvd: Daemon) -> dict[str, Any]:
-    with kvd.client(want_arena=False) as c:
-        return c.stats()
-
-
 def registration(etcd: Etcd, key: str) -> dict[str, Any] | None:
     with EtcdClient(etcd.endpoint) as c:
         kv = c.get(key)
     return None if kv is None else dict(kv.json())
-
-
-def wait_for(pred: Callable[[], Any], what: str, timeout: float = 30) -> float:
-    t0 = time.monotonic()
-    while not pred():
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-    return time.monotonic() - t0
 
 
 @pytest.fixture(scope="module")
@@ -162,15 +61,11 @@ def story(tiny_model: str, kvd: Daemon, etcd_server: Etcd, module_tmp: Path) -> 
 
     def start(name: str, ttl: int) -> Engine:
         argv = [
-            sys.executable, "-m", "infera.engine.vllm",
-            "--model", tiny_model, "--served-model-name", "tiny",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--skip-tokenizer-init", "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", "4",
-            "--enable-prefix-caching", "--kv-cache-memory-bytes", str(32 << 20),
+            *server_argv(tiny_model, port),
             "--advertise-host", "127.0.0.1", "--etcd-endpoint", etcd_server.endpoint,
             "--discovery-backend", "etcd", "--request-transport", "http", "--kv-event-transport", "zmq",
             "--discovery-lease-ttl", str(ttl),
-            "--kv-transfer-config", json.dumps(prefill_config(storage)),
+            "--kv-transfer-config", json.dumps(example_multi_config(storage)),
         ]  # fmt: skip
         eng = Engine(argv, env, port, module_tmp / f"{name}.log")
         engines.append(eng)
@@ -181,43 +76,43 @@ def story(tiny_model: str, kvd: Daemon, etcd_server: Etcd, module_tmp: Path) -> 
     out: dict[str, Any] = {"key": key}
     try:
         a = start("engine-a", ttl=2)
-        wait_for(lambda: registration(etcd_server, key), "engine A's registration", timeout=20)
+        seconds_until(lambda: registration(etcd_server, key), 20, "engine A's registration", poll_s=0.1)
         out["rec_a"] = registration(etcd_server, key)
         out["doctor_a"] = run_doctor(
             ctx=Context(DoctorOptions(checks=["pd-workers"], etcd=etcd_server.endpoint), processes=lambda: [])
         ).get("pd-workers")
-        out["clients_a"] = stats(kvd)["clients"]
+        out["clients_a"] = kvd.stats()["clients"]
         out["first"] = {"p1": a.complete(P1), "p2": a.complete(P2)}
 
         def written() -> bool:
-            long = stats(kvd)["tiers"]["long"]
+            long = kvd.stats()["tiers"]["long"]
             return bool(long["chunks"] >= 5 and long["queued_writes"] == 0)
 
-        wait_for(written, "disk writes")
-        out["after_a"] = stats(kvd)
+        seconds_until(written, 30, "disk writes", poll_s=0.1)
+        out["after_a"] = kvd.stats()
         a.signal_group(signal.SIGKILL)
         a.proc.wait()
-        out["expired_after_s"] = wait_for(
-            lambda: registration(etcd_server, key) is None, "the lease to expire", timeout=15
+        out["expired_after_s"] = seconds_until(
+            lambda: registration(etcd_server, key) is None, 15, "the lease to expire", poll_s=0.1
         )
 
         b = start("engine-b", ttl=30)
-        wait_for(lambda: registration(etcd_server, key), "engine B's registration", timeout=20)
+        seconds_until(lambda: registration(etcd_server, key), 20, "engine B's registration", poll_s=0.1)
         out["rec_b"] = registration(etcd_server, key)
-        before = stats(kvd)
+        before = kvd.stats()
         out["restart_p1"] = b.complete(P1)
-        out["after_engine_restart"] = stats(kvd)
+        out["after_engine_restart"] = kvd.stats()
         out["hits_before"] = before
         out["external_hits_b"] = b.metric("vllm:external_prefix_cache_hits_total")
 
         kvd.restart()
         assert b.http.post("/reset_prefix_cache").status_code == 200
         out["daemon_restart_p2"] = b.complete(P2)
-        out["after_daemon_restart"] = stats(kvd)
+        out["after_daemon_restart"] = kvd.stats()
 
         b.signal_group(signal.SIGTERM)
         t0 = time.monotonic()
-        wait_for(lambda: registration(etcd_server, key) is None, "deregistration", timeout=20)
+        seconds_until(lambda: registration(etcd_server, key) is None, 20, "deregistration", poll_s=0.1)
         out["deregistered_after_s"] = time.monotonic() - t0
         b.proc.wait(60)
         out["log_b"] = b.log()

@@ -15,41 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engines import CONNECTOR, Server, prompt, run_engine, start_server
+from engines import Server, example_multi_config, prompt, run_engine, start_server
 
-from helpers import Daemon
+from helpers import Daemon, seconds_until
 
 P5 = prompt(5, 1000)  # long: 3 chunks, on disk
 P6 = prompt(6, 600)  # short: 2 chunks, RAM only
 P7 = prompt(7, 600)  # long: 2 chunks, prewarmed after the restart
 CHUNK = 256
-
-
-def multi_config(storage: Path) -> dict[str, Any]:
-    return {
-        "kv_connector": "MultiConnector",
-        "kv_role": "kv_producer",
-        "kv_connector_extra_config": {
-            "connectors": [
-                CONNECTOR,
-                {
-                    "kv_connector": "ExampleConnector",
-                    "kv_role": "kv_producer",
-                    "kv_connector_extra_config": {"shared_storage_path": str(storage)},
-                },
-            ]
-        },
-    }
-
-
-@pytest.fixture(scope="module")
-def kvd(module_tmp: Path) -> Iterator[Daemon]:
-    long = module_tmp / "long"
-    long.mkdir()
-    args = ["--max-bytes", "64M", "--long-path", str(long), "--long-bytes", "256M"]
-    d = Daemon(str(module_tmp / "kvd.sock"), args, module_tmp / "kvd.log").start()
-    yield d
-    d.stop()
 
 
 @pytest.fixture(scope="module")
@@ -60,23 +33,10 @@ def server(tiny_model: str, kvd: Daemon, module_tmp: Path) -> Iterator[Server]:
         tiny_model,
         kvd.socket,
         module_tmp,
-        kv_transfer_config=multi_config(storage),
+        kv_transfer_config=example_multi_config(storage),
         extra_args=["--advertise-host", "127.0.0.1"],
     ) as srv:
         yield srv
-
-
-def stats(kvd: Daemon) -> dict[str, Any]:
-    with kvd.client(want_arena=False) as c:
-        return c.stats()
-
-
-def wait_for(pred: Any, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -87,24 +47,24 @@ def story(server: Server, kvd: Daemon, tiny_model: str, module_tmp: Path) -> dic
     out["first"] = {"p5": server.complete(P5), "p6": server.complete(P6, "short"), "p7": server.complete(P7)}
 
     def written() -> bool:
-        long = stats(kvd)["tiers"]["long"]
+        long = kvd.stats()["tiers"]["long"]
         return bool(long["queued_writes"] == 0 and long["chunks"] >= 5)
 
-    wait_for(written, "disk writes")
-    out["before_restart"] = stats(kvd)
+    seconds_until(written, 30, "disk writes", poll_s=0.1)
+    out["before_restart"] = kvd.stats()
     kvd.restart()
     assert server.http.post("/reset_prefix_cache").status_code == 200
     fresh = run_engine(
         tiny_model, [{"op": "generate", "name": "p5", "prompt": P5}], socket=kvd.socket, workdir=module_tmp
     )
     out["fresh"] = fresh["p5"]
-    out["after_fresh"] = stats(kvd)
+    out["after_fresh"] = kvd.stats()
     out["prewarm_p7"] = server.prewarm({"prompt": P7, "model": "tiny"}).json()
     out["prewarm_p6"] = server.prewarm({"prompt": P6}).json()
-    wait_for(lambda: stats(kvd)["chunks"] >= 5, "prewarmed chunks in RAM")
-    out["after_prewarm"] = stats(kvd)
+    seconds_until(lambda: kvd.stats()["chunks"] >= 5, 30, "prewarmed chunks in RAM", poll_s=0.1)
+    out["after_prewarm"] = kvd.stats()
     out["second"] = {"p5": server.complete(P5), "p7": server.complete(P7)}
-    out["after"] = stats(kvd)
+    out["after"] = kvd.stats()
     return out
 
 

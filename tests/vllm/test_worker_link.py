@@ -14,21 +14,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from connector_kit import engine_facts, worker_half
 
-from infera.engine.vllm.config import ConnectorEnv
-from infera.engine.vllm.keys import EngineFacts, make_namespace
-from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
 from infera.engine.vllm.worker.gpu.copier import ArenaPin
 from infera.engine.vllm.worker.half import WorkerHalf
+from infera.kvd.process import wait_until
 
 B = 16
-FACTS = EngineFacts(
-    model="/m/wl", model_type="llama", num_layers=2, total_kv_heads=2, kv_heads_per_rank=2, head_size=8,
-    use_mla=False, dtype="bfloat16", kv_cache_dtype="auto", block_size=4, hash_block_size=4,
-    bytes_per_token=128, tp_size=1, pp_size=1, hash_algo="sha256", hash_seed="fixed", vllm_version="0.32",
-    platform="cpu",
-)  # fmt: skip
+FACTS = engine_facts(model="/m/wl", head_size=8, block_size=4)
 
 
 def caches() -> dict[str, torch.Tensor]:
@@ -36,19 +30,7 @@ def caches() -> dict[str, torch.Tensor]:
 
 
 def worker(sock: str, calls: list[str], register: Callable[[], None] = lambda: None) -> WorkerHalf:
-    ns = make_namespace(FACTS, 8)  # 2 blocks of 4 tokens
-    link = DaemonLink(sock, ns, role="vllm-worker-0", name="wl", model="/m/wl", want_arena=True)
-    w = WorkerHalf(
-        ns,
-        ConnectorEnv(socket=sock),
-        rank=0,
-        replicated=False,
-        link=link,
-        blockers=[],
-        num_blocks=B,
-        block_size=4,
-        gpu_path_on_cpu=True,
-    )
+    w = worker_half(FACTS, 8, sock, B, name="wl", gpu_path_on_cpu=True)  # chunks of 2 blocks of 4 tokens
 
     def reg(_ptr: int, _size: int) -> None:
         calls.append(f"reg:{threading.current_thread().name}")
@@ -60,18 +42,6 @@ def worker(sock: str, calls: list[str], register: Callable[[], None] = lambda: N
     return w
 
 
-def wait_until(pred: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"not within {timeout} s"
-        time.sleep(0.01)
-
-
-def stats(daemon: Any) -> dict[str, Any]:
-    with daemon.client(want_arena=False) as c:
-        return dict(c.stats())
-
-
 def test_worker_reconnects_between_steps_and_serves_the_next_one(daemon: Any) -> None:
     calls: list[str] = []
     kv = caches()
@@ -80,13 +50,13 @@ def test_worker_reconnects_between_steps_and_serves_the_next_one(daemon: Any) ->
     assert w.arena is not None and calls == ["reg:MainThread"]
     daemon.restart()
     # no step in between: the watcher drops the old mapping and maps the new daemon's arena
-    wait_until(lambda: w.link.connected and len(calls) == 3, 1.0)
+    wait_until(lambda: w.link.connected and len(calls) == 3, 1.0, "the worker")
     assert calls[1:] == ["unreg:kvd-link-vllm-worker-0", "reg:kvd-link-vllm-worker-0"]
     assert w.arena is not None
-    assert any(c["name"] == "wl" and c["role"] == "vllm-worker-0" for c in stats(daemon)["clients"])
+    assert any(c["name"] == "wl" and c["role"] == "vllm-worker-0" for c in daemon.stats()["clients"])
     src, dst = [1, 2], [9, 10]
     w.save(InferaKvdMetadata(saves=[RequestJob("r", [ChunkJob(b"\x01" * 16, src)])]))
-    assert stats(daemon)["sets_total"] == 1, "the first step after the restart saves"
+    assert daemon.stats()["sets_total"] == 1, "the first step after the restart saves"
     before = {n: t.clone() for n, t in kv.items()}
     w.load(InferaKvdMetadata(loads=[RequestJob("r", [ChunkJob(b"\x01" * 16, dst)])]))
     assert w.take_load_errors() == set()
@@ -110,7 +80,7 @@ def test_a_restart_during_a_step_waits_for_the_step(daemon: Any) -> None:
         time.sleep(0.3)
         assert w.arena is arena and w.link.connected, "still mapped while the step runs"
         assert calls == ["reg:MainThread"]
-    wait_until(lambda: not w.link.connected, 1.0)
+    wait_until(lambda: not w.link.connected, 1.0, "the worker")
     assert w.arena is None and calls[-1].startswith("unreg:")
     w.close()
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 from collections.abc import Iterator
 from typing import Any
 
 from infera.engine.vllm import formats
+from infera.engine.vllm import groups as groups_mod
 from infera.engine.vllm.config import ConnectorEnv
 from infera.engine.vllm.keys import (
     EngineFacts,
@@ -145,8 +147,11 @@ def namespace_for(vllm_config: Any, env: ConnectorEnv, kv_cache_config: Any = No
     chunk_tokens = resolve_chunk_tokens(
         env.chunk_tokens, facts.bytes_per_token, facts.block_size, env.gpu_direct_requested
     )
-    if chunk_tokens % facts.hash_block_size:
-        chunk_tokens = -(-chunk_tokens // facts.hash_block_size) * facts.hash_block_size
+    unit = facts.hash_block_size
+    if kv_cache_config is not None:  # a whole number of blocks in every group (hybrid models)
+        unit = math.lcm(unit, groups_mod.lcm_block_size(group_plan(vllm_config, kv_cache_config, unit)))
+    if chunk_tokens % unit:
+        chunk_tokens = -(-chunk_tokens // unit) * unit
     return make_namespace(facts, chunk_tokens)
 
 
@@ -208,22 +213,151 @@ def classify_spec(name: str, spec: Any, vllm_config: Any) -> formats.LayerFormat
     )
 
 
+_MANAGER_KINDS = {
+    "FullAttentionManager": groups_mod.FULL,
+    "SlidingWindowManager": groups_mod.SLIDING,
+    "ChunkedLocalAttentionManager": groups_mod.CHUNKED,
+    "MambaManager": groups_mod.STATE,
+}
+STATE_REASON = (
+    "recurrent state (Mamba / linear attention): vLLM's connector API offers no sound per-chunk "
+    "way to store and restore it, so prefixes of this model are not offered as hits"
+)
+
+
+def _group_spec(spec: Any) -> Any:
+    """The spec vLLM picks the group's manager by (a uniform-type group: its first layer's)."""
+    per_layer = getattr(spec, "kv_cache_specs", None)
+    if isinstance(per_layer, dict) and per_layer:
+        return next(iter(per_layer.values()))
+    return spec
+
+
+def group_kind(group: Any) -> tuple[str, str]:
+    """(kind, name of vLLM's manager class) of one ``KVCacheGroupSpec``."""
+    spec = _group_spec(group.kv_cache_spec)
+    manager = ""
+    try:
+        from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
+
+        role = getattr(group, "role", None)
+        try:
+            cls = KVCacheSpecRegistry.get_manager_class(spec, role)  # type: ignore[call-arg]
+        except TypeError:  # vLLM < 0.30: no roles
+            cls = KVCacheSpecRegistry.get_manager_class(spec)
+        manager = cls.__name__ if cls is not None else ""
+    except Exception:  # pragma: no cover - no registry: go by the spec's class
+        manager = {
+            "FullAttentionSpec": "FullAttentionManager",
+            "MLAAttentionSpec": "FullAttentionManager",
+            "SlidingWindowSpec": "SlidingWindowManager",
+            "ChunkedLocalAttentionSpec": "ChunkedLocalAttentionManager",
+            "MambaSpec": "MambaManager",
+        }.get(type(spec).__name__, "")
+    return _MANAGER_KINDS.get(manager, groups_mod.OTHER), manager or type(spec).__name__
+
+
+def group_plan(vllm_config: Any, kv_cache_config: Any, chunk_tokens: int) -> groups_mod.Plan:
+    """Every KV cache group of this process's ``KVCacheConfig`` with its verdict.
+
+    An attention group is offloaded when every one of its layers has a plain format
+    (:mod:`formats`); recurrent state and managers we do not know are not. Without a KV cache
+    config (the API server), one full-attention group."""
+    block_size = int(vllm_config.cache_config.block_size)
+    kv_groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
+    if not kv_groups:
+        return groups_mod.single_group(block_size, chunk_tokens)
+    by_group: dict[int, list[tuple[str, Any]]] = {}
+    for name, spec, gi in layer_specs(kv_cache_config):
+        by_group.setdefault(gi, []).append((name, spec))
+    plans: list[groups_mod.GroupPlan] = []
+    for gi, group in enumerate(kv_groups):
+        kind, manager = group_kind(group)
+        spec = _group_spec(group.kv_cache_spec)
+        layers = tuple(name for name, _ in by_group.get(gi, []))
+        offload, reason = True, ""
+        if kind == groups_mod.STATE:
+            offload, reason = False, STATE_REASON
+        elif kind == groups_mod.OTHER:
+            offload, reason = False, f"{manager} groups are not supported"
+        else:
+            bad = [
+                f
+                for f in (classify_spec(n, s, vllm_config) for n, s in by_group.get(gi, []))
+                if not f.offload
+            ]
+            if bad:
+                offload, reason = False, f"layer {bad[0].name} is {bad[0].kind} ({bad[0].reason})"
+        plans.append(
+            groups_mod.GroupPlan(
+                index=gi,
+                kind=kind,
+                block_size=int(getattr(spec, "block_size", block_size) or block_size),
+                window=int(spec.sliding_window) if kind == groups_mod.SLIDING else None,
+                attention_chunk=int(spec.attention_chunk_size) if kind == groups_mod.CHUNKED else None,
+                extra_tokens=int(getattr(spec, "extra_retained_tokens", 0) or 0)
+                if kind == groups_mod.SLIDING
+                else 0,
+                num_layers=len(layers),
+                spec=type(spec).__name__,
+                offload=offload,
+                reason=reason,
+                transfer=bool(getattr(group, "enable_kv_transfer", True)),
+                layers=layers,
+            )
+        )
+    return groups_mod.Plan(tuple(plans), chunk_tokens)
+
+
 def offload_blockers(vllm_config: Any, kv_cache_config: Any) -> list[formats.LayerFormat]:
-    """Layers that stop offload for this engine (empty list: offload is on)."""
+    """What stops offload for this engine (empty list: offload is on).
+
+    In attention groups, every layer whose format cannot be offloaded (one line each, as the
+    product doc's skip message); every other group (recurrent state, unknown managers) is one
+    entry naming the group, so the log says once per model why its prefixes are never hits."""
     if kv_cache_config is None:
         return []
-    groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
-    if len(groups) > 1:
-        return [
-            formats.LayerFormat(
-                "*", False, "hybrid", f"{len(groups)} KV cache groups (hybrid models are not offloaded yet)"
+    out: list[formats.LayerFormat] = []
+    plan = group_plan(vllm_config, kv_cache_config, int(vllm_config.cache_config.block_size))
+    for g in plan.groups:
+        if not g.transfer:
+            continue
+        if g.kind in groups_mod.ATTENTION_KINDS:
+            for name, spec, gi in layer_specs(kv_cache_config):
+                if gi == g.index:
+                    f = classify_spec(name, spec, vllm_config)
+                    if not f.offload:
+                        out.append(f)
+        elif not g.offload:
+            example = f", e.g. {g.layers[0]}" if g.layers else ""
+            kind = "recurrent state" if g.kind == groups_mod.STATE else g.spec or "unsupported"
+            out.append(
+                formats.LayerFormat(
+                    f"group {g.index} ({g.num_layers} {kind} layers{example})", False, kind, g.reason
+                )
             )
-        ]
-    return [
-        f
-        for f in (classify_spec(n, s, vllm_config) for n, s, _ in layer_specs(kv_cache_config))
-        if not f.offload
-    ]
+    return out
+
+
+def is_hybrid_model(vllm_config: Any) -> bool:
+    """Whether the model may have several KV cache groups (sliding windows, local attention or
+    recurrent layers), from its config alone: the API server has no KV cache config."""
+    mc = getattr(vllm_config, "model_config", None)
+    text = getattr(mc, "hf_text_config", None) or getattr(mc, "hf_config", None)
+    if text is None:
+        return False
+    types = set(getattr(text, "layer_types", None) or ())
+    if len(types) > 1 or getattr(text, "sliding_window", None) or getattr(text, "attention_chunk_size", None):
+        return True
+    return bool(getattr(mc, "is_hybrid", False))
+
+
+def can_fail_requests() -> bool:
+    """True where vLLM takes a failed asynchronous load per request (``failed_recving``, 0.30+):
+    the only way a load failure of a multi-group engine can be recomputed."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+    return hasattr(KVConnectorBase_V1, "get_transfer_results")
 
 
 def block_hashes_for(vllm_config: Any, token_ids: list[int]) -> list[bytes]:

@@ -11,6 +11,8 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+from infera import loadreport
+from infera.engine.vllm.scheduler import loadcost
 from infera.errors import UsageError
 from infera.keyrules import parse_chunk_tokens  # the one reading of INFERA_KVD_CHUNK_TOKENS
 
@@ -20,6 +22,9 @@ RETENTIONS = ("none", "short", "long")
 RETENTION_KEY = "infera_retention"
 MAX_UNKNOWN_RETENTIONS = 32  # distinct unknown values remembered for the warn-once logic
 SHOWN_CHARS = 64  # how much of an unknown value a log line shows
+LOAD_POLICY_ENV = "INFERA_KVD_LOAD_POLICY"
+LOAD_RATES_ENV = "INFERA_KVD_LOAD_RATES"
+LAYERWISE_ENV = "INFERA_KVD_LOAD_LAYERWISE"
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,12 @@ class ConnectorEnv:
     and benchmarks only: copies then run at pageable-memory speed, reported as a fallback).
     ``copy_kernel`` picks how pages move between the KV blocks and GPU staging: ``auto`` (a
     Triton kernel where layers are separate tensors), ``triton`` or ``torch``.
+    ``load_policy`` (``INFERA_KVD_LOAD_POLICY``): ``always`` (the default) loads every hit,
+    ``auto`` only where that is faster than recomputing it, ``never`` none (saves go on);
+    ``load_gbps`` / ``prefill_tps`` (``INFERA_KVD_LOAD_RATES``) replace the warm-up defaults of
+    the rates it compares (:mod:`infera.engine.vllm.scheduler.loadcost`). ``load_layerwise``
+    (``INFERA_KVD_LOAD_LAYERWISE=1``) copies each layer's KV in ``wait_for_layer_load`` (CPU copy
+    path, :mod:`infera.engine.vllm.worker.layerwise`).
     """
 
     socket: str | None = None
@@ -41,6 +52,10 @@ class ConnectorEnv:
     gpu_staging_bytes: int = 768 << 20
     register: bool = True
     copy_kernel: str = "auto"
+    load_policy: str = loadreport.DEFAULT_POLICY
+    load_gbps: dict[str, float] = field(default_factory=dict)
+    prefill_tps: float | None = None
+    load_layerwise: bool = False
 
     @property
     def gpu_direct_requested(self) -> bool:
@@ -91,6 +106,23 @@ def parse_copy_kernel(text: str | None) -> str:
     return value
 
 
+def parse_load_policy(text: str | None) -> str:
+    policy = loadcost.parse_policy(text)
+    if policy is None:
+        raise UsageError(f"{LOAD_POLICY_ENV}={text!r} must be auto, always or never")
+    return policy
+
+
+def parse_load_rates(text: str | None) -> tuple[dict[str, float], float | None]:
+    got = loadcost.parse_rates(text)
+    if isinstance(got, str):
+        raise UsageError(
+            f"{LOAD_RATES_ENV}: {got}",
+            hint=f"e.g. {LOAD_RATES_ENV}=ram=50,disk=3,prefill=30000 (GB/s, tokens/s)",
+        )
+    return got
+
+
 def parse_flag(name: str, text: str | None, default: bool) -> bool:
     if text is None or not text.strip():
         return default
@@ -104,6 +136,7 @@ def parse_flag(name: str, text: str | None, default: bool) -> bool:
 
 def read_env(environ: dict[str, str] | None = None) -> ConnectorEnv:
     env = os.environ if environ is None else environ
+    gbps, prefill = parse_load_rates(env.get(LOAD_RATES_ENV))
     return ConnectorEnv(
         socket=env.get("INFERA_KVD_SOCKET") or None,
         chunk_tokens=parse_chunk_tokens(env.get("INFERA_KVD_CHUNK_TOKENS")),
@@ -112,6 +145,10 @@ def read_env(environ: dict[str, str] | None = None) -> ConnectorEnv:
         gpu_staging_bytes=parse_staging_mb(env.get("INFERA_KVD_GPU_STAGING_MB")),
         register=parse_flag("INFERA_KVD_REGISTER", env.get("INFERA_KVD_REGISTER"), True),
         copy_kernel=parse_copy_kernel(env.get("INFERA_KVD_COPY_KERNEL")),
+        load_policy=parse_load_policy(env.get(LOAD_POLICY_ENV)),
+        load_gbps=gbps,
+        prefill_tps=prefill,
+        load_layerwise=parse_flag(LAYERWISE_ENV, env.get(LAYERWISE_ENV), False),
     )
 
 

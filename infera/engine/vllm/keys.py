@@ -8,8 +8,9 @@ turns a ``VllmConfig`` into :class:`EngineFacts`. The rules kvd doctor and kvd l
 * A *chunk* is ``chunk_tokens`` consecutive prompt tokens, a whole number of vLLM blocks.
 * A chunk's *hash* is vLLM's block hash of its last block: the chain hash already covers the
   whole prefix up to there.
-* A chunk's *key* is ``blake2b(namespace digest, rank, chunk hash)``; every rank of a
-  tensor/pipeline-parallel engine stores its own shard under its own key.
+* A chunk's *key* is ``blake2b(namespace digest, rank, chunk hash[, group tag])``; every rank of a
+  tensor/pipeline-parallel engine stores its own shard under its own key, and every KV cache
+  group of a hybrid model its own blocks (``groups.py`` says which).
 """
 
 from __future__ import annotations
@@ -122,12 +123,17 @@ def make_namespace(facts: EngineFacts, chunk_tokens: int) -> Namespace:
     )
 
 
-def chunk_key(ns_digest: bytes, chunk_hash: bytes, rank: int = 0) -> bytes:
-    """The daemon key of one rank's shard of one chunk."""
+def chunk_key(ns_digest: bytes, chunk_hash: bytes, rank: int = 0, group: bytes = b"") -> bytes:
+    """The daemon key of one rank's shard of one chunk; ``group`` is the KV cache group's tag
+    (:meth:`infera.engine.vllm.groups.Plan.tag`; empty for single-group engines, whose keys
+    are the same as before groups existed)."""
     h = hashlib.blake2b(digest_size=KEY_BYTES)
     h.update(ns_digest)
     h.update(rank.to_bytes(4, "big"))
     h.update(bytes(chunk_hash))
+    if group:
+        h.update(b"\x00group")
+        h.update(group)
     return h.digest()
 
 
@@ -146,15 +152,6 @@ def chunk_hashes(
     return [bytes(block_hashes[(c + 1) * per_chunk - 1]) for c in range(n)]
 
 
-def lookup_keys(ns_digest: bytes, hashes: list[bytes], ranks: int) -> list[bytes]:
-    """Keys for one LOOKUP covering every rank, chunk-major.
-
-    LOOKUP counts present keys from the first up to the first miss, so ``count // ranks`` is the
-    number of leading chunks that every rank can load.
-    """
-    return [chunk_key(ns_digest, h, r) for h in hashes for r in range(ranks)]
-
-
 __all__ = [
     "FORMAT_VERSION",
     "KEY_BYTES",
@@ -165,7 +162,6 @@ __all__ = [
     "chunk_key",
     "hash_seed_mode",
     "hash_settings_of",
-    "lookup_keys",
     "make_namespace",
     "resolve_chunk_tokens",
 ]

@@ -9,6 +9,10 @@ and ``INFERA_KVD_SOCKET`` naming the daemon's socket. vLLM builds one instance p
 scheduler instance delegates to :class:`SchedulerHalf`, each worker instance to
 :class:`WorkerHalf`. vLLM imports this module by path, in the API-server process too, so
 importing it does no work beyond importing vLLM's base class.
+
+The connector supports vLLM's hybrid KV cache manager (``SupportsHMA``, every release we support),
+so vLLM keeps it on for sliding-window and other hybrid models: every KV cache group is offloaded
+with only the blocks vLLM reads (:mod:`infera.engine.vllm.groups`).
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    SupportsHMA,
 )
 
 from infera.engine.vllm import compat, events, stats
 from infera.engine.vllm.config import read_env
 from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import InferaKvdMetadata
+from infera.engine.vllm.scheduler.loadcost import DEFAULT_GBPS, DEFAULT_PREFILL_TPS, CostModel
 from infera.engine.vllm.stats import KvdConnectorStats, StatsSource
 from infera.kvd.protocol import default_socket_path
 
@@ -81,7 +87,7 @@ def _register_by_name() -> None:
 _register_by_name()
 
 
-class InferaKvdConnector(KVConnectorBase_V1):
+class InferaKvdConnector(KVConnectorBase_V1, SupportsHMA):
     """Offloads prompt KV to the per-host kvd daemon and loads it back on a hit."""
 
     if _HIT_SOURCE is not None:
@@ -96,6 +102,11 @@ class InferaKvdConnector(KVConnectorBase_V1):
         rank, world = compat.rank_info(vllm_config)
         socket_path = env.socket or default_socket_path()
         blockers = compat.offload_blockers(vllm_config, kv_cache_config)
+        plan = compat.group_plan(vllm_config, kv_cache_config, ns.chunk_tokens)
+        self._plan = plan
+        failure = "blocks"
+        if plan.hybrid:
+            failure = "requests" if compat.can_fail_requests() else "none"
         self._scheduler: Any = None
         self._worker: Any = None
         self._stats: StatsSource | None = None
@@ -113,6 +124,7 @@ class InferaKvdConnector(KVConnectorBase_V1):
             name=f"vllm:{os.path.basename(facts.model.rstrip('/'))}",
             model=facts.model,
             want_arena=role != KVConnectorRole.SCHEDULER,
+            kv_layout=_kv_layout(vllm_config, facts, plan, rank, failure),
         )
         if role == KVConnectorRole.SCHEDULER:
             from infera.engine.vllm.scheduler.half import SchedulerHalf
@@ -121,6 +133,16 @@ class InferaKvdConnector(KVConnectorBase_V1):
             if blockers:
                 reason = "; ".join(f"{b.name}: {b.reason}" for b in blockers)
                 log.warning("infera-kvd: no lookups or saves for this engine (%s)", reason)
+            elif plan.hybrid:
+                log.info(
+                    "infera-kvd: %d KV cache groups (the hybrid KV cache manager is on): %s; load "
+                    "failures reach vLLM %s",
+                    len(plan.groups),
+                    plan.summary(),
+                    "per request (asynchronous loads)"
+                    if failure == "requests"
+                    else "not at all before vLLM 0.30 (lookups make sure chunks are in RAM and held)",
+                )
             self._scheduler = SchedulerHalf(
                 ns,
                 block_size=facts.block_size,
@@ -131,6 +153,14 @@ class InferaKvdConnector(KVConnectorBase_V1):
                 events=events.KvdEvents(chunk_tokens=ns.chunk_tokens, hash_block_size=facts.hash_block_size)
                 if events.enabled_in(vllm_config)
                 else None,
+                plan=plan,
+                failure=failure,
+                policy=env.load_policy,
+                costs=CostModel(
+                    chunk_bytes=max(1, facts.bytes_per_token * ns.chunk_tokens),  # until a worker says
+                    gbps={**DEFAULT_GBPS, **env.load_gbps},
+                    prefill_tps=env.prefill_tps or DEFAULT_PREFILL_TPS,
+                ),
             )
             self._stats = StatsSource(stats.counters_of(self._scheduler), stats.SCHEDULER_COUNTERS)
             policy = getattr(self._kv_transfer_config, "kv_load_failure_policy", "recompute")
@@ -161,6 +191,8 @@ class InferaKvdConnector(KVConnectorBase_V1):
                 blockers=blockers,
                 num_blocks=block_count(kv_cache_config),
                 block_size=facts.block_size,
+                plan=plan,
+                failure=failure,
             )
             self._stats = StatsSource(
                 stats.counters_of(self._worker), stats.WORKER_COUNTERS, stats.worker_path(self._worker)
@@ -176,10 +208,31 @@ class InferaKvdConnector(KVConnectorBase_V1):
     def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
         return None
 
+    @property
+    def supports_divergent_local_hybrid_hits(self) -> bool:
+        """No: a hit restores attention KV only, never a lagging recurrent state (vLLM 0.28+)."""
+        return False
+
     # -- worker side ---------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         if self._worker is not None:
             self._worker.register(kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None and isinstance(connector_metadata, InferaKvdMetadata):
+            try:
+                self._worker.step_started(connector_metadata)
+            except Exception:  # timing is never worth a failed step
+                log.debug("infera-kvd: step timing failed", exc_info=True)
+
+    def build_connector_worker_meta(self) -> Any:
+        """vLLM 0.18+: the workers' load and step timings, for the scheduler's cost model."""
+        try:
+            return self._worker.timings.take() if self._worker is not None else None
+        except Exception:
+            log.debug("infera-kvd: step timing failed", exc_info=True)
+            return None
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._connector_metadata
@@ -190,7 +243,9 @@ class InferaKvdConnector(KVConnectorBase_V1):
                 self._worker.load(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return None
+        """Layer-wise loads (``INFERA_KVD_LOAD_LAYERWISE=1``) copy ``layer_name``'s KV here."""
+        if self._worker is not None:
+            self._worker.wait_layer(layer_name)
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
         return None
@@ -198,13 +253,33 @@ class InferaKvdConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         meta = self._connector_metadata
         if self._worker is not None and isinstance(meta, InferaKvdMetadata):
+            try:
+                self._worker.finish_layers()
+                self._worker.timings.step_ended()
+            except Exception:
+                log.exception("infera-kvd: finishing this step's loads failed")
             if meta.saves and self._worker.saves_here:
                 stats.timed_call(self._stats, self._worker, "save", lambda: self._worker.save(meta))
             else:
                 self._worker.save(meta)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        return None, None
+        """Saves never outlive their step; asynchronous loads (hybrid models) end in the step
+        that ran them."""
+        if self._worker is None:
+            return None, None
+        done, _failed = self._worker.take_finished_loads()
+        return None, done or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:
+        """vLLM 0.30+: as get_finished, with failed loads (a hybrid model recomputes the request)."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+
+        done: set[str] = set()
+        failed: set[str] = set()
+        if self._worker is not None:
+            done, failed = self._worker.take_finished_loads()
+        return KVConnectorTransferResults(finished_recving=done, failed_recving=failed)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.take_load_errors() if self._worker is not None else set()
@@ -282,7 +357,55 @@ class InferaKvdConnector(KVConnectorBase_V1):
         meta: KVConnectorMetadata = self._scheduler.build_meta(scheduler_output)
         return meta
 
+    def update_connector_output(self, connector_output: Any) -> None:
+        failed = getattr(connector_output, "failed_recving", None)
+        if self._scheduler is not None and failed:
+            self._scheduler.load_failed(failed)
+        timings = getattr(connector_output, "kv_connector_worker_meta", None)
+        if self._scheduler is not None and timings is not None:
+            try:
+                self._scheduler.observe(timings)
+            except Exception:
+                log.debug("infera-kvd: could not read the workers' timings", exc_info=True)
+
+    def get_loaded_kv_cache_group_ids(self, request: Any) -> tuple[int, ...]:
+        """vLLM 0.32+: a load writes every offloaded group's blocks (and a hit is only offered when
+        every group the model reads is offloaded)."""
+        return self._plan.group_ids
+
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         if self._scheduler is not None:
             self._scheduler.finished(request)
         return False, None
+
+    def request_finished_all_groups(
+        self, request: Any, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """SupportsHMA: saves finish inside their step, so no group's blocks are kept."""
+        if self._scheduler is not None:
+            self._scheduler.finished(request)
+        return False, None
+
+
+def _kv_layout(vllm_config: Any, facts: Any, plan: Any, rank: int, failure: str) -> dict[str, Any]:
+    """What ``kvd stat`` and ``kvd doctor`` show of this engine's KV layout (HELLO ``kv_layout``,
+    bounded by :mod:`infera.kvlayout`)."""
+    sc = getattr(vllm_config, "scheduler_config", None)
+    hma = getattr(sc, "disable_hybrid_kv_cache_manager", None)
+    out: dict[str, Any] = {
+        "tp": facts.tp_size,
+        "pp": facts.pp_size,
+        "rank": rank,
+        "dtype": facts.dtype,
+        "kv_dtype": facts.kv_cache_dtype,
+        "block_size": facts.block_size,
+        "mla": facts.use_mla,
+        "vllm": facts.vllm_version,
+        "groups": plan.to_wire()[:64],
+        "load_failures": {"blocks": "block ids", "requests": "failed requests", "none": "not reported"}[
+            failure
+        ],
+    }
+    if hma is not None:
+        out["hma"] = not bool(hma)
+    return out

@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
 import socket
 import threading
 import time
@@ -39,11 +38,11 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from infera.engine.vllm.keys import Namespace
+from infera.engine.vllm.link_watch import watch
 from infera.kvd.client import KvdClient, KvdClientError, KvdRefused, KvdUnavailable
 
 log = logging.getLogger("infera.engine.vllm")
 T = TypeVar("T")
-_HUNG_UP = select.POLLHUP | select.POLLERR | select.POLLNVAL
 
 
 class DaemonLink:
@@ -58,6 +57,7 @@ class DaemonLink:
         name: str,
         model: str,
         want_arena: bool,
+        kv_layout: dict[str, Any] | None = None,
         retry_initial_s: float = 1.0,
         retry_max_s: float = 15.0,
         retry_every_s: float = 0.25,
@@ -73,6 +73,7 @@ class DaemonLink:
         self.name = name
         self.model = model
         self.want_arena = want_arena
+        self.kv_layout = kv_layout
         self.retry_initial_s = retry_initial_s
         self.retry_max_s = retry_max_s
         self.retry_every_s = retry_every_s
@@ -177,6 +178,7 @@ class DaemonLink:
                 hash_settings=self.namespace.hash_settings,
                 hash_fingerprint=self.namespace.hash_fingerprint,
                 chunk_tokens=self.namespace.chunk_tokens,
+                kv_layout=self.kv_layout,
                 want_arena=self.want_arena,
                 timeout=self.timeout_s,
             )
@@ -269,7 +271,7 @@ class DaemonLink:
             self._wake.close()
         self._wake = ours
         self._watcher = threading.Thread(
-            target=_watch, args=(weakref.ref(self), theirs), name=f"kvd-link-{self.role}", daemon=True
+            target=watch, args=(weakref.ref(self), theirs), name=f"kvd-link-{self.role}", daemon=True
         )
         self._watcher.start()
 
@@ -347,61 +349,3 @@ def _socket_id(path: str) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino, st.st_ctime_ns
-
-
-def _dup(client: KvdClient) -> int:
-    """A descriptor of ``client``'s connection for poll() (-1 if it has none we can see).
-
-    A duplicate, so that the watcher never polls a number the client closed and the process
-    reused; the link wakes the watcher whenever it drops the client, and the duplicate goes."""
-    sock = getattr(client, "_sock", None)
-    try:
-        return os.dup(sock.fileno()) if sock is not None else -1
-    except (OSError, ValueError):
-        return -1
-
-
-def _watch(ref: weakref.ref[DaemonLink], wake: socket.socket) -> None:
-    """The watcher thread. Holds the link only weakly between wake-ups, so a link dropped
-    without close() ends it too (its end of the wake-up pair closes)."""
-    watched: KvdClient | None = None
-    fd = -1
-    try:
-        while True:
-            link = ref()
-            state = link._watch_state() if link is not None else None
-            if state is None:
-                return
-            client, due = state
-            del link
-            if client is not watched:
-                if fd >= 0:
-                    os.close(fd)
-                watched, fd = client, (_dup(client) if client is not None else -1)
-            del client
-            poller = select.poll()
-            poller.register(wake, select.POLLIN)
-            if fd >= 0:
-                poller.register(fd, 0)  # no events asked: poll reports only a hang-up or an error
-            events = poller.poll(None if due is None else max(1, int(due * 1000)))
-            hung = any(f == fd and ev & _HUNG_UP for f, ev in events)
-            try:
-                if wake.fileno() in (f for f, _ in events) and not wake.recv(4096):
-                    return  # the link is gone
-            except BlockingIOError:
-                pass
-            link = ref()
-            if link is None:
-                return
-            link.wakeups += 1
-            if hung and watched is not None:
-                link._hung_up(watched)
-            elif watched is None and due is not None:
-                link._retry()
-            del link
-    except Exception:  # never let the thread die silently: the link then works as watch=False
-        log.exception("infera-kvd: the daemon connection watcher stopped")
-    finally:
-        if fd >= 0:
-            os.close(fd)
-        wake.close()

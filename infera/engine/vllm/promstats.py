@@ -60,6 +60,14 @@ OWN = {
         "vllm:kvd_lookup_errors",
         "LOOKUPs that failed (daemon unreachable); counted as misses.",
     ),
+    "skipped_policy_tokens": (
+        "vllm:kvd_policy_skipped_tokens",
+        "Prompt tokens kvd held but did not load because INFERA_KVD_LOAD_POLICY=never.",
+    ),
+    "prewarmed_chunks": (
+        "vllm:kvd_prewarmed_chunks",
+        "Long-tier chunks kvd asked the daemon to promote into RAM instead of loading them.",
+    ),
 }
 DURATIONS = {
     "load_seconds": ("vllm:kvd_load_duration_seconds", "Wall time of one kvd load step."),
@@ -68,6 +76,10 @@ DURATIONS = {
 HITS = (
     "vllm:kvd_hit_tokens",
     "Prompt tokens kvd supplied, by the tier that held them (ram, disk, distributed).",
+)
+SKIPPED = (
+    "vllm:kvd_skipped_slower_tokens",
+    "Prompt tokens kvd held but recomputed: loading them was judged slower, by tier.",
 )
 FAILED = ("vllm:kvd_failed_loads", "Chunks kvd could not load (vLLM recomputed them), by reason.")
 DROPPED = ("vllm:kvd_dropped_saves", "Chunks kvd did not save (a future miss), by reason.")
@@ -80,6 +92,7 @@ METRIC_NAMES = (
     *(names[0] for names in OWN.values()),
     *(names[0] for names in DURATIONS.values()),
     HITS[0],
+    SKIPPED[0],
     FAILED[0],
     DROPPED[0],
     PATH[0],
@@ -109,6 +122,9 @@ class KvdPromMetrics(KVConnectorPromMetrics):
                 name=name, documentation=doc, labelnames=labelnames, buckets=SECONDS_BUCKETS
             )
         self._hits = self._counter_cls(name=HITS[0], documentation=HITS[1], labelnames=[*labelnames, "tier"])
+        self._skipped = self._counter_cls(
+            name=SKIPPED[0], documentation=SKIPPED[1], labelnames=[*labelnames, "tier"]
+        )
         self._failed = self._counter_cls(
             name=FAILED[0], documentation=FAILED[1], labelnames=[*labelnames, "reason"]
         )
@@ -132,6 +148,7 @@ class KvdPromMetrics(KVConnectorPromMetrics):
                 metric.labels(*values)
             for t in TIERS:
                 self._hits.labels(*values, t)
+                self._skipped.labels(*values, t)
             for w in LOAD_FAILURES:
                 self._failed.labels(*values, w)
             for w in SAVE_DROPS:
@@ -154,6 +171,8 @@ class KvdPromMetrics(KVConnectorPromMetrics):
         for t in TIERS:
             if counters.get(f"hit_tokens_{t}"):
                 self._hits.labels(*values, t).inc(counters[f"hit_tokens_{t}"])
+            if counters.get(f"skipped_slower_tokens_{t}"):
+                self._skipped.labels(*values, t).inc(counters[f"skipped_slower_tokens_{t}"])
         for w in LOAD_FAILURES:
             if counters.get(f"failed_loads_{w}"):
                 self._failed.labels(*values, w).inc(counters[f"failed_loads_{w}"])

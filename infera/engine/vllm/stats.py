@@ -8,7 +8,9 @@ the last answer, under the names of :data:`COUNTERS`:
   step for the histograms), loads that failed (vLLM recomputes those blocks) and saves dropped,
   by reason, plus the data path and whether it is a fallback;
 * scheduler half: LOOKUPs, LOOKUPs that failed, and the prompt tokens hit, by the tier that held
-  them (``ram``, ``disk``, ``distributed``).
+  them (``ram``, ``disk``, ``distributed``); the hit tokens the load policy recomputed instead
+  (``skipped_slower_tokens_<tier>``: judged slower than recompute; ``skipped_policy_tokens``:
+  ``INFERA_KVD_LOAD_POLICY=never``) and the long-tier chunks it asked the daemon to prewarm.
 
 vLLM sums the workers' payloads and the scheduler's (:meth:`KvdConnectorStats.aggregate`), sends
 them to the API-server process as a plain dict, rebuilds them there with
@@ -26,9 +28,10 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
+from infera.engine.vllm.scheduler.loadcost import TIERS
+
 # the long tier's backend (HELLO's long_tier) -> the tier name in stats and metrics
 LONG_TIER_KIND = {"disk": "disk", "mooncake": "distributed", "lmcache": "distributed"}
-TIERS = ("ram", "disk", "distributed")
 LOAD_FAILURES = ("missing", "bad_chunk", "unavailable")
 SAVE_DROPS = ("full", "too_large", "unavailable", "error")
 
@@ -42,6 +45,9 @@ COUNTERS = (
     "lookups",
     "lookup_errors",
     *(f"hit_tokens_{t}" for t in TIERS),
+    *(f"skipped_slower_tokens_{t}" for t in TIERS),
+    "skipped_policy_tokens",
+    "prewarmed_chunks",
     *(f"failed_loads_{w}" for w in LOAD_FAILURES),
     *(f"dropped_saves_{w}" for w in SAVE_DROPS),
 )
@@ -67,6 +73,10 @@ SCHEDULER_COUNTERS: dict[str, tuple[str, float]] = {
     "lookups": ("lookups", 1),
     "lookup_errors": ("lookup_errors", 1),
     **{f"hit_tokens_{t}": (f"hit_tokens_{t}", 1) for t in TIERS},
+    # the load policy's skips: prompt tokens a hit held that were recomputed instead
+    **{f"load_skipped_slower_tokens_{t}": (f"skipped_slower_tokens_{t}", 1) for t in TIERS},
+    "load_skipped_policy_tokens": ("skipped_policy_tokens", 1),
+    "prewarm_chunks": ("prewarmed_chunks", 1),
 }
 
 
@@ -134,6 +144,10 @@ class KvdConnectorStats(KVConnectorStats):
         }
         for t in TIERS:
             out[f"hit_tokens_{t}"] = c.get(f"hit_tokens_{t}", 0)
+        for t in TIERS:
+            out[f"skipped_slower_tokens_{t}"] = c.get(f"skipped_slower_tokens_{t}", 0)
+        out["skipped_policy_tokens"] = c.get("skipped_policy_tokens", 0)
+        out["prewarmed_chunks"] = c.get("prewarmed_chunks", 0)
         out["failed_loads"] = sum(c.get(f"failed_loads_{w}", 0) for w in LOAD_FAILURES)
         out["dropped_saves"] = sum(c.get(f"dropped_saves_{w}", 0) for w in SAVE_DROPS)
         out["lookup_errors"] = c.get("lookup_errors", 0)

@@ -94,6 +94,9 @@ class LongTier(Protocol):
     def prewarm(self, ikeys: list[bytes]) -> int:
         """Queue background reads; how many were queued."""
 
+    def read_rate(self) -> float | None:
+        """GB/s the tier's recent reads into RAM ran at (None until it has read anything)."""
+
     def delete(self, ikeys: list[bytes]) -> int:
         """Forget ``ikeys`` (and remove what is stored); how many the tier knew it held."""
 

@@ -1,7 +1,7 @@
 """L3: the disk long tier. ``long`` chunks persist as checksummed files under ``--long-path``.
 
-What only a disk has lives here: the file index, capacity with second-chance eviction, the scan
-at start, ADOPT of client-written files, and the I/O hooks of the shared pipelines
+What only a disk has lives here: the file index, capacity with second-chance eviction, loading
+it at start (:mod:`.diskload`), ADOPT of client-written files (:mod:`.diskadopt`), and the I/O hooks of the shared pipelines
 (:mod:`.pipeline`: write-through and retries; :mod:`.promotions`: reads). File operations are in
 :mod:`.diskfs`, :mod:`.diskscan` and :mod:`.diskread`. Beyond the pipelines' promises:
 
@@ -9,9 +9,10 @@ at start, ADOPT of client-written files, and the I/O hooks of the shared pipelin
   ``INFERA_KVD_DISK_STOP_S`` (10 s).
 * A file that fails verification when read is a miss, is counted and is moved to
   ``<long-path>/quarantine``.
-* At start the index is rebuilt from the files: only regular files whose header checks out are
-  indexed (:func:`diskscan.scan`). Until that is done the tier is ``loading``: LOOKUP and GET still
-  find chunks on disk by checking the file the key maps to. No link under the root is followed.
+* At start the index is the snapshot a clean stop wrote (:mod:`.diskindex`), or else rebuilt from
+  the files: only regular files whose header checks out are indexed (:func:`diskscan.scan`). Until
+  that is done the tier is ``loading``: LOOKUP and GET still find chunks on disk by checking the
+  file the key maps to. No link under the root is followed.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 from infera.kvd import chunkfile as cf
 from infera.kvd.keyspace import Namespace, key_of
-from infera.kvd.store import LONG, Chunk
+from infera.kvd.store import Chunk
 from infera.kvd.tiers import diskfs, diskread, diskscan
+from infera.kvd.tiers.diskadopt import AdoptMixin
+from infera.kvd.tiers.diskload import LoadMixin
 from infera.kvd.tiers.pipeline import WriteJob, WriteThrough
 from infera.kvd.tiers.promotions import Promotions, ReadJob
-from infera.units import format_size
 
 if TYPE_CHECKING:
     from infera.kvd.config import DaemonConfig
@@ -40,7 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("infera.kvd.disk")
 
 READERS = 4
-MERGE_BATCH = 4096
 SECOND_CHANCES = 64  # files spared per eviction pass because their chunk is in RAM
 STOP_BUDGET_S = 10.0  # a clean stop's last attempt at unwritten chunks (INFERA_KVD_DISK_STOP_S)
 
@@ -49,7 +50,7 @@ def _env(name: str) -> float:
     return float(os.environ.get(name, "0"))
 
 
-class DiskTier:
+class DiskTier(AdoptMixin, LoadMixin):
     """The ``disk`` long tier (a :class:`~.base.FileBackedTier`)."""
 
     backend = "disk"
@@ -102,50 +103,6 @@ class DiskTier:
         if ikey is None:
             return False, False
         return ikey in self.store.index or ikey in self.reads.jobs, ikey in self.writes.jobs
-
-    # -- loading ----------------------------------------------------------------------------
-    def _load(self) -> None:
-        delay = os.environ.get("INFERA_KVD_TEST_LOAD_DELAY_S")  # lets tests observe "loading"
-        if delay:
-            time.sleep(float(delay))
-        result, batches = diskscan.scan_batches(self.root, MERGE_BATCH)
-        for batch in batches:
-            self.host.call_soon(functools.partial(self._merge, batch))
-        self.host.call_soon(lambda: self._loaded(result))
-
-    def _merge(self, batch: list[tuple[int, bytes, int]]) -> None:
-        index = self.index
-        skip = self._deleted_while_loading
-        for _mtime, fkey, size in reversed(batch):
-            if fkey in index or fkey in skip or self._busy(fkey)[1]:
-                continue
-            index[fkey] = size
-            index.move_to_end(fkey, last=False)
-            self.bytes_used += size
-
-    def _loaded(self, result: diskscan.ScanResult) -> None:
-        self.loading = False
-        self.index_load_s = round(time.monotonic() - self._load_started, 3)
-        self._deleted_while_loading.clear()
-        self.c["files_other_version"] += result.other_version
-        self.c["files_ignored"] += result.ignored
-        self.c["quarantined"] += result.quarantined
-        self.c["stale_temp_removed"] += result.stale_temps
-        self._young_temps = result.young_temps
-        for problem in result.unreadable:
-            self.fail("scan", f"cannot read {problem}")
-        for what, outcome in result.corrupt:
-            self.reads.corrupt(what, outcome)
-        if result.ignored:
-            log.warning("disk tier: %d links, directories or FIFOs under chunk names ignored", result.ignored)
-        self._make_room(0)
-        other = result.other_version
-        log.info(
-            "disk tier %s: %d chunk files, %s of %s, indexed in %.3fs%s",
-            *(self.root, len(self.index), format_size(self.bytes_used), format_size(self.capacity)),
-            self.index_load_s,
-            f"; {other} files of another format version left alone" if other else "",
-        )
 
     # -- capacity ---------------------------------------------------------------------------
     @property
@@ -314,44 +271,6 @@ class DiskTier:
     def count_misses(self, n: int) -> None:
         self.c["misses"] += n
 
-    # -- files written by clients (GPU-direct) ------------------------------------------------
-    def adopt(self, ikeys: list[bytes], lengths: list[int]) -> int:
-        """Index chunk files a client wrote under our root (a header check each, on the loop:
-        the header was just written, so it is in the page cache). A key whose file is missing or
-        unusable is written through from RAM if RAM holds it."""
-        n = 0
-        for ikey, length in zip(ikeys, lengths, strict=True):
-            fkey = self.ns.fkey(ikey)
-            v = diskscan.check_chunk(self.root_fd, fkey)
-            if v.kind != diskscan.OK or v.size != cf.HEADER_SIZE + length:
-                self.c["adopt_missing"] = self.c.get("adopt_missing", 0) + 1
-                self.c["files_ignored"] += v.kind == diskscan.IGNORED
-                self.write_through([ikey])
-                continue
-            self.writes.cancel(ikey)
-            self._put(fkey, v.size)
-            chunk = self.store.index.get(ikey)
-            if chunk is not None:
-                chunk.on_long = True
-            n += 1
-        self.c["adopted"] = self.c.get("adopted", 0) + n
-        self._make_room(0)
-        return n
-
-    def write_through(self, ikeys: list[bytes]) -> int:
-        """Chunks a client meant to persist itself but could not: write them the usual way."""
-        n = 0
-        for ikey in ikeys:
-            # the client's SEAL may still be on its way: a pending chunk is written at its seal
-            chunk = self.store.index.get(ikey) or self.store.pending.get(ikey)
-            if chunk is None or chunk.retention != LONG or self.ns.fkey(ikey) in self.index:
-                continue
-            chunk.on_long = False
-            if chunk.sealed:
-                self.writes.on_seal(chunk)
-            n += 1
-        return n
-
     # -- deletes ----------------------------------------------------------------------------
     def delete(self, ikeys: list[bytes]) -> int:
         n = 0
@@ -382,6 +301,9 @@ class DiskTier:
             return "degraded"
         return "ready"
 
+    def read_rate(self) -> float | None:
+        return self.reads.read_gbps
+
     def stats(self) -> dict[str, Any]:
         return {
             "backend": "disk",
@@ -392,7 +314,10 @@ class DiskTier:
             "capacity": self.capacity,
             **self.writes.stats(),
             "reads_in_flight": len(self.reads.running),
+            **self.reads.stats(),
             "index_load_s": self.index_load_s,
+            "index_source": self.index_source,
+            "index_detail": self.index_detail,
             "last_error": self.last_error,
             "fsync": self.sync,
             **self.c,
@@ -400,9 +325,10 @@ class DiskTier:
 
     def close(self) -> None:
         """A clean stop (SIGTERM): the pipeline's last attempt at unwritten ``long`` chunks, then
-        every thread stops before the arena goes."""
-        self.writes.stop(_env("INFERA_KVD_DISK_STOP_S") or STOP_BUDGET_S)
+        every thread stops before the arena goes; then the index is saved for the next start."""
+        stopped = self.writes.stop(_env("INFERA_KVD_DISK_STOP_S") or STOP_BUDGET_S)
         self.reads.close(timeout=5.0)
+        self.save_index(stopped)
         for fd in (self._lock_fd, self.root_fd):
             try:
                 os.close(fd)

@@ -34,7 +34,7 @@ def check_at(dir_fd: int, name: str, key: bytes, ns8: bytes) -> Verdict:
     header parses, names this key and namespace and matches the file's size. The payload is
     not read (reads verify it)."""
     try:
-        fd = cf.open_regular(name, dir_fd=dir_fd)
+        fd, st = cf.open_regular_stat(name, dir_fd=dir_fd)
     except FileNotFoundError:
         return Verdict(MISSING)
     except cf.NotRegular as exc:
@@ -42,7 +42,6 @@ def check_at(dir_fd: int, name: str, key: bytes, ns8: bytes) -> Verdict:
     except OSError as exc:
         return Verdict(ERROR, why=f"{name}: {exc.strerror}")
     try:
-        st = os.fstat(fd)
         if st.st_size < cf.HEADER_SIZE:
             return Verdict(CORRUPT, why=f"truncated file ({st.st_size} bytes, shorter than the header)")
         buf = os.pread(fd, cf.HEADER_SIZE, 0)
@@ -51,19 +50,19 @@ def check_at(dir_fd: int, name: str, key: bytes, ns8: bytes) -> Verdict:
     finally:
         os.close(fd)
     try:
-        header = cf.ChunkHeader.unpack(buf)
+        hkey, digest, plen = cf.ChunkHeader.peek(buf)
     except cf.OtherVersion as exc:
         return Verdict(OTHER, why=str(exc))
     except cf.ChunkFileError as exc:
         return Verdict(CORRUPT, why=str(exc))
-    if header.key != key:
+    if hkey != key:
         return Verdict(CORRUPT, why="file holds another key than its name says")
-    if ns_prefix(header.namespace_digest) != ns8:
+    if ns_prefix(digest) != ns8:
         return Verdict(CORRUPT, why="file belongs to another namespace than its directory says")
-    if header.payload_length != st.st_size - cf.HEADER_SIZE:
+    if plen != st.st_size - cf.HEADER_SIZE:
         return Verdict(
             CORRUPT,
-            why=f"truncated file ({st.st_size - cf.HEADER_SIZE} of {header.payload_length} payload bytes)",
+            why=f"truncated file ({st.st_size - cf.HEADER_SIZE} of {plen} payload bytes)",
         )
     return Verdict(OK, st.st_size, st.st_mtime_ns)
 
@@ -127,24 +126,23 @@ def _subdirs(dir_fd: int, path: str, out: ScanResult, now: float) -> list[str]:
     return names
 
 
-def scan_batches(root: str, batch: int) -> tuple[ScanResult, list[list[tuple[int, bytes, int]]]]:
-    """:func:`scan`, never raising, and its entries newest first in batches of ``batch`` (each
-    batch pushed to the LRU front, the oldest file ends up first)."""
+def scan_safely(root: str, only: set[tuple[bytes, int]] | None = None) -> ScanResult:
+    """:func:`scan`, never raising (a failure is one unreadable entry: the tier never stays
+    loading forever)."""
     try:
-        result = scan(root)
-    except Exception as exc:  # never leave the tier loading forever
+        return scan(root, only=only)
+    except Exception as exc:
         log.exception("scanning the disk tier failed")
-        result = ScanResult(unreadable=[f"{root}: {exc}"])
-    entries = result.entries
-    return result, [entries[max(0, i - batch) : i] for i in range(len(entries), 0, -batch)]
+        return ScanResult(unreadable=[f"{root}: {exc}"])
 
 
-def scan(root: str, now: float | None = None) -> ScanResult:
+def scan(root: str, now: float | None = None, only: set[tuple[bytes, int]] | None = None) -> ScanResult:
     """Walk the tree once, by directory descriptors (links are never followed): regular chunk
     files whose header checks out become index entries (:func:`check_at`: one 4 KiB read each;
     payloads are verified when a chunk is read); short or bad-header files are quarantined;
     links, directories and FIFOs under chunk names are counted and left alone; other format
-    versions are counted; temporary files of dead writers are removed. Oldest first by mtime."""
+    versions are counted; temporary files of dead writers are removed. Oldest first by mtime.
+    ``only``: scan just these fan directories ((namespace prefix, fan byte); the rest as usual)."""
     now = time.time() if now is None else now
     out = ScanResult()
     try:
@@ -153,14 +151,14 @@ def scan(root: str, now: float | None = None) -> ScanResult:
         out.unreadable.append(f"{root}: {exc.strerror}")
         return out
     try:
-        _scan(root_fd, root, now, out)
+        _scan(root_fd, root, now, out, only)
     finally:
         os.close(root_fd)
     out.entries.sort()
     return out
 
 
-def _scan(root_fd: int, root: str, now: float, out: ScanResult) -> None:
+def _scan(root_fd: int, root: str, now: float, out: ScanResult, only: set[tuple[bytes, int]] | None) -> None:
     with os.scandir(root_fd) as it:
         top = [e for e in it if e.is_dir(follow_symlinks=False)]
     for d in top:
@@ -177,17 +175,35 @@ def _scan(root_fd: int, root: str, now: float, out: ScanResult) -> None:
         out.unreadable.append(f"{vpath}: {exc.strerror}")
         return
     try:
-        with os.scandir(vfd) as it:
-            ns_names = [e.name for e in it if e.is_dir(follow_symlinks=False)]
-        for ns in ns_names:
-            try:
-                ns8 = bytes.fromhex(ns)
-            except ValueError:
-                continue
-            if len(ns8) == NS_PREFIX_LEN:
-                _scan_ns(root_fd, vfd, os.path.join(vpath, ns), ns, ns8, now, out)
+        for ns, ns8 in namespace_dirs(vfd):
+            if only is None or any(f[0] == ns8 for f in only):
+                _scan_ns(root_fd, vfd, os.path.join(vpath, ns), ns, ns8, now, out, only)
     finally:
         os.close(vfd)
+
+
+def namespace_dirs(vfd: int) -> list[tuple[str, bytes]]:
+    """The namespace directories in ``v1`` (real directories named by a namespace prefix): their
+    names and prefixes."""
+    out = []
+    with os.scandir(vfd) as it:
+        names = [e.name for e in it if e.is_dir(follow_symlinks=False)]
+    for name in names:
+        try:
+            ns8 = bytes.fromhex(name)
+        except ValueError:
+            continue
+        if len(ns8) == NS_PREFIX_LEN:
+            out.append((name, ns8))
+    return out
+
+
+_FAN_NAMES = {f"{i:02x}": i for i in range(256)}
+
+
+def fan_byte(name: str) -> int:
+    """The fan byte a fan directory's name stands for (-1 if it is not one)."""
+    return _FAN_NAMES.get(name, -1)
 
 
 def _open_sub(dir_fd: int, name: str, path: str, out: ScanResult) -> int | None:
@@ -199,12 +215,23 @@ def _open_sub(dir_fd: int, name: str, path: str, out: ScanResult) -> int | None:
         return None
 
 
-def _scan_ns(root_fd: int, vfd: int, path: str, ns: str, ns8: bytes, now: float, out: ScanResult) -> None:
+def _scan_ns(
+    root_fd: int,
+    vfd: int,
+    path: str,
+    ns: str,
+    ns8: bytes,
+    now: float,
+    out: ScanResult,
+    only: set[tuple[bytes, int]] | None,
+) -> None:
     nsfd = _open_sub(vfd, ns, path, out)
     if nsfd is None:
         return
     try:
         for fan in _subdirs(nsfd, path, out, now):
+            if only is not None and (ns8, fan_byte(fan)) not in only:
+                continue
             fpath = os.path.join(path, fan)
             fanfd = _open_sub(nsfd, fan, fpath, out)
             if fanfd is None:
@@ -263,5 +290,8 @@ __all__ = [
     "Verdict",
     "check_at",
     "check_chunk",
+    "fan_byte",
+    "namespace_dirs",
     "scan",
+    "scan_safely",
 ]

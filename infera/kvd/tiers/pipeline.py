@@ -347,10 +347,11 @@ class WriteThrough(Stage):
         self.call_soon(self._drain)
 
     # -- a clean stop --------------------------------------------------------------------------
-    def stop(self, budget_s: float) -> None:
+    def stop(self, budget_s: float) -> bool:
         """A last attempt at every ``long`` chunk in RAM not yet on the tier (queued, backlogged,
         or whose write failed), within ``budget_s``; logs how many remain unwritten, then stops
-        the writer lanes. Runs on the loop thread after the loop has stopped."""
+        the writer lanes (False: one was still busy). Runs on the loop thread after the loop has
+        stopped."""
         self.stop_by = time.monotonic() + budget_s
         self.queue_max = self.pin_max = 1 << 62  # the loop is gone: queue everything now
         self.backlog.clear()
@@ -374,6 +375,8 @@ class WriteThrough(Stage):
         )
         if not self.lanes.close(timeout=max(0.5, self.stop_by - time.monotonic())):
             self.log.warning("%s: writes still running at shutdown; their chunks may be missing", self.label)
+            return False
+        return True
 
 
 __all__ = ["BACKLOG_MAX", "Backend", "Stage", "Workers", "WriteBackend", "WriteJob", "WriteThrough"]

@@ -29,6 +29,7 @@ OK = "ok"
 CORRUPT_LOG_MAX = 20  # corrupt chunks logged one by one; after that only counted
 READ_COUNTERS = ("hits", "misses", "bytes_read", "prewarmed", "promotion_no_room", "corrupt_chunks")
 ROOM_WAIT_S = 10.0  # a reader thread waits this long for the loop to find room
+RATE_EWMA = 0.3  # weight of a new busy period in the measured read rate
 
 
 class ReadJob:
@@ -106,6 +107,13 @@ class Promotions(Stage):
         self.background: deque[ReadJob] = deque()
         self.max_running = 2 * max(1, readers)
         self._waiters: list[Waiter] = []  # armed waiters with a deadline
+        # The read rate: bytes read over the wall time while at least one read was under way,
+        # per busy period (so parallel readers count once), smoothed. PREWARM answers with it:
+        # a scheduler that judged this tier slower than recompute learns its rate again without
+        # making a request wait for a measurement.
+        self.read_gbps: float | None = None
+        self._busy_since = 0.0
+        self._busy_bytes = 0
         self.workers = Workers(threads, readers, self._run, lanes=False, log=self.log)
 
     def fetch(self, ikeys: Iterable[bytes], on_ready: Callable[[], None]) -> bool:
@@ -177,6 +185,8 @@ class Promotions(Stage):
                 self._finish(job, None)
                 continue
             job.started = time.monotonic()
+            if not self.running:
+                self._busy_since, self._busy_bytes = job.started, 0
             self.running[job.ikey] = job
             self.workers.submit(job)
 
@@ -214,6 +224,7 @@ class Promotions(Stage):
             assert chunk is not None
             self.store.publish(chunk)
             self.c["bytes_read"] += chunk.length
+            self._busy_bytes += chunk.length
             self.c["hits" if job.waiters else "prewarmed"] += 1
             self.backend.promoted(job)
         else:
@@ -223,6 +234,20 @@ class Promotions(Stage):
                 self.backend.read_failed(job, outcome, detail)
         self._finish(job, chunk if ok else None)
         self._pump()
+        if not self.running:
+            self._busy_ended(time.monotonic())
+
+    def _busy_ended(self, now: float) -> None:
+        took, n = now - self._busy_since, self._busy_bytes
+        self._busy_bytes = 0
+        if n <= 0 or took <= 0:
+            return
+        gbps = n / took / 1e9
+        old = self.read_gbps
+        self.read_gbps = gbps if old is None else old + RATE_EWMA * (gbps - old)
+
+    def stats(self) -> dict[str, float | None]:
+        return {"read_gbps": None if self.read_gbps is None else round(self.read_gbps, 3)}
 
     def corrupt(self, what: str, outcome: str) -> None:
         """Account one corrupt chunk (read back, or found by a scan)."""

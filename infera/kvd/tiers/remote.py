@@ -325,6 +325,9 @@ class RemoteTier(Link):
         self._update_state()
         self.writes.tick()
 
+    def read_rate(self) -> float | None:
+        return self.reads.read_gbps
+
     def stats(self) -> dict[str, Any]:
         state = self.state
         read_ms = self.latency["read_ms"]
@@ -338,6 +341,7 @@ class RemoteTier(Link):
             "capacity": 0,
             **self.writes.stats(),
             "reads_in_flight": len(self.reads.jobs),
+            **self.reads.stats(),
             "index_load_s": None,
             "last_error": self.last_error,
             "latency_ms": read_ms if read_ms is not None else self.latency["write_ms"],

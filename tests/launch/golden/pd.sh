@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # infera-kvd pd deployment, written by `kvd launch`; check it with `kvd lint launch.sh`.
 #
-# Usage: bash launch.sh [all|kvd|prefill|decode]
+# Usage: bash launch.sh [all|kvd|prefill|decode|router]
 #   all             every process below, on this host
 #   kvd             the kvd daemon only
 #   prefill         the prefill engine and the kvd daemon it uses
 #   decode          the decode engine
+#   router          vllm-router, in front of the legs
 #
 # Each start_* function holds one command as you would type it: paste its body to run it by hand.
 set -euo pipefail
@@ -52,6 +53,16 @@ start_decode() {
     --kv-transfer-config '{"kv_connector":"MooncakeConnector","kv_role":"kv_consumer"}'
 }
 
+start_router() {
+  /opt/infera-kvd/.venv/bin/python -m vllm_router.launch_router \
+    --host 0.0.0.0 \
+    --port 8000 \
+    --vllm-pd-disaggregation \
+    --kv-connector mooncake \
+    --prefill http://10.0.0.5:8001 8998 \
+    --decode http://10.0.0.6:8002
+}
+
 wait_for_socket() {
   local _
   for _ in $(seq 600); do
@@ -81,6 +92,7 @@ case "$part" in
     wait_for_socket /var/run/infera-kvd.sock "${daemons[-1]}"
     start_prefill & engines+=("$!")
     start_decode & engines+=("$!")
+    start_router & engines+=("$!")
     ;;
   kvd)
     start_kvd & daemons+=("$!")
@@ -94,8 +106,11 @@ case "$part" in
   decode)
     start_decode & engines+=("$!")
     ;;
+  router)
+    start_router & engines+=("$!")
+    ;;
   *)
-    echo "usage: bash launch.sh [all|kvd|prefill|decode]" >&2
+    echo "usage: bash launch.sh [all|kvd|prefill|decode|router]" >&2
     exit 2
     ;;
 esac

@@ -13,17 +13,22 @@ Errors are JSON ``{"error": {"code", "message"}}`` with a 4xx/5xx status, never 
 # annotation, which lives inside make_router so that fastapi is imported only when serving.
 from typing import Any
 
-from infera.engine.vllm import compat
+from infera.engine.vllm import compat, groups
 from infera.engine.vllm.config import ConnectorEnv, read_env, shown
-from infera.engine.vllm.keys import Namespace, chunk_hashes, lookup_keys
+from infera.engine.vllm.keys import Namespace, chunk_hashes
 
 PREWARM_PATH = "/v1/cache/prewarm"
 
 
 def prompt_keys(
-    vllm_config: Any, token_ids: list[int], env: ConnectorEnv | None = None
+    vllm_config: Any,
+    token_ids: list[int],
+    env: ConnectorEnv | None = None,
+    plan: groups.Plan | None = None,
 ) -> tuple[Namespace, list[bytes], int]:
-    """(namespace, keys of every rank for every whole chunk of the prompt, number of chunks)."""
+    """(namespace, keys of every rank and KV cache group for every whole chunk of the prompt,
+    number of chunks). ``plan``: the engine's groups (a hybrid model; the API server has no KV
+    cache config, so :func:`declared_plan` reads what the engine core declared to the daemon)."""
     env = env or read_env()
     ns = compat.namespace_for(vllm_config, env)
     facts = compat.engine_facts(vllm_config)
@@ -31,7 +36,24 @@ def prompt_keys(
         compat.block_hashes_for(vllm_config, token_ids), ns.chunk_tokens, facts.block_size, len(token_ids)
     )
     ranks = 1 if facts.replicated else facts.tp_size * facts.pp_size
-    return ns, lookup_keys(ns.digest, hashes, ranks), len(hashes)
+    plan = plan or groups.single_group(facts.block_size, ns.chunk_tokens)
+    keys, _per_chunk = groups.plan_keys(plan, ns.digest, hashes, ranks)
+    return ns, keys, len(hashes)
+
+
+def declared_plan(stats: dict[str, Any], namespace: str, chunk_tokens: int) -> groups.Plan | None:
+    """The KV cache groups the engine core of ``namespace`` declared at HELLO (``kv_layout``),
+    when it has more than one; None otherwise."""
+    for c in stats.get("clients", []):
+        layout = c.get("kv_layout")
+        if c.get("namespace") != namespace or not str(c.get("role", "")).endswith("scheduler"):
+            continue
+        if isinstance(layout, dict) and len(layout.get("groups") or []) > 1:
+            try:
+                return groups.Plan.from_wire(layout["groups"], chunk_tokens)
+            except (KeyError, TypeError, ValueError):
+                return None
+    return None
 
 
 class PrewarmError(Exception):
@@ -141,6 +163,10 @@ def prewarm(
         with KvdClient(
             socket_path, namespace=ns.name, name="prewarm", role="prewarm", want_arena=False
         ) as client:
+            if compat.is_hybrid_model(vllm_config):  # every group's keys, as the engine declared them
+                plan = declared_plan(client.stats(), ns.name, ns.chunk_tokens)
+                if plan is not None:
+                    ns, keys, chunks = prompt_keys(vllm_config, token_ids, plan=plan)
             queued = client.prewarm(keys)
     except KvdUnsupported as exc:
         raise PrewarmError(501, "no_long_tier", str(exc)) from None

@@ -10,8 +10,14 @@ KV on a GPU takes :mod:`infera.engine.vllm.worker.gpu.copier` instead (registere
 per chunk through GPU staging; RELEASE and SEAL once the DMAs completed), and, when asked for
 and available, GPU-direct file reads and writes (:mod:`infera.engine.vllm.worker.gpu.gdpath`).
 
+A hybrid model (several KV cache groups) has one layout per group and one key per chunk per
+group (:mod:`infera.engine.vllm.groups`); each job names its group. A pipeline stage without
+layers of a group stores an empty chunk for it, so the scheduler's keys are the same on every rank.
+
 A chunk that cannot be loaded (gone, wrong size, daemon down) becomes a load error for its blocks,
-which vLLM recomputes. Nothing here raises into vLLM.
+which vLLM recomputes; on a hybrid model the whole request's load fails instead (reported as a
+failed receive of an asynchronous load, which vLLM recomputes from scratch), since vLLM cannot map
+block ids of several groups back to requests. Nothing here raises into vLLM.
 """
 
 from __future__ import annotations
@@ -25,16 +31,20 @@ from typing import Any
 
 import torch
 
-from infera.engine.vllm import formats
+from infera.engine.vllm import formats, groups
 from infera.engine.vllm.config import ConnectorEnv
+from infera.engine.vllm.groups import Plan
 from infera.engine.vllm.keys import Namespace, chunk_key
 from infera.engine.vllm.link import DaemonLink
-from infera.engine.vllm.metadata import InferaKvdMetadata, RequestJob
+from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
 from infera.engine.vllm.worker.gpu import gpudirect
 from infera.engine.vllm.worker.gpu.copier import ArenaPin, GpuCopier
 from infera.engine.vllm.worker.gpu.gdpath import GdPath
 from infera.engine.vllm.worker.half_gpu import GpuWorkerMixin
+from infera.engine.vllm.worker.half_load import LoadMixin
+from infera.engine.vllm.worker.layerwise import LayerwiseLoads
 from infera.engine.vllm.worker.layout import KVLayout, LayoutError
+from infera.engine.vllm.worker.timing import Timings
 from infera.kvd.client import KvdClient, KvdClientError, KvdUnavailable
 
 log = logging.getLogger("infera.engine.vllm")
@@ -43,7 +53,7 @@ log = logging.getLogger("infera.engine.vllm")
 REPORT_EVERY_S = float(os.environ.get("INFERA_KVD_REPORT_EVERY_S", "5") or 5)
 
 
-class WorkerHalf(GpuWorkerMixin):
+class WorkerHalf(LoadMixin, GpuWorkerMixin):
     def __init__(
         self,
         namespace: Namespace,
@@ -56,6 +66,8 @@ class WorkerHalf(GpuWorkerMixin):
         num_blocks: int | None,
         block_size: int,
         gpu_path_on_cpu: bool = False,
+        plan: Plan | None = None,
+        failure: str = "blocks",
     ) -> None:
         self.ns = namespace
         self.env = env
@@ -68,7 +80,16 @@ class WorkerHalf(GpuWorkerMixin):
         self.blockers = blockers
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.layout: KVLayout | None = None
+        self.plan = plan or groups.single_group(block_size, namespace.chunk_tokens)
+        # how a failed load reaches vLLM (see scheduler.half: FAIL_BLOCKS / _REQUESTS / _NONE)
+        self.failure = failure if self.plan.hybrid else "blocks"
+        self.tags = {g.index: self.plan.tag(g.index) for g in self.plan.groups}
+        self.layout: KVLayout | None = None  # group 0's (the only one of a single-group engine)
+        # per offloaded group: its layout, or None where this rank has no layers of it
+        self.layouts: dict[int, KVLayout | None] = {}
+        self.gpus: dict[int, GpuCopier] = {}
+        self.finished_loads: set[str] = set()
+        self.failed_loads: set[str] = set()
         self.arena: torch.Tensor | None = None
         self.disabled_reason: str | None = None
         self.load_errors: set[int] = set()
@@ -82,6 +103,8 @@ class WorkerHalf(GpuWorkerMixin):
         self.gd_sel: gpudirect.Selection | None = None
         # tests and dry runs: run the GPU copy path's code on CPU tensors (synchronous stand-ins)
         self.gpu_path_on_cpu = gpu_path_on_cpu
+        self.timings = Timings()  # load and step times for the scheduler's cost model
+        self.layerwise: LayerwiseLoads | None = None  # INFERA_KVD_LOAD_LAYERWISE=1, CPU path
 
     # -- registration ------------------------------------------------------------------------
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -92,7 +115,7 @@ class WorkerHalf(GpuWorkerMixin):
             log.warning("infera-kvd: offload is off for this engine: %s", self.disabled_reason)
             return
         try:
-            self.layout = KVLayout.from_caches(kv_caches, self.num_blocks)
+            self._layouts(kv_caches)
         except LayoutError as exc:
             name = str(exc).split(":", 1)[0]
             log.warning(
@@ -101,20 +124,75 @@ class WorkerHalf(GpuWorkerMixin):
             self.disabled_reason = f"unsupported KV layout: {exc}"
             log.warning("infera-kvd: offload is off for this engine: %s", self.disabled_reason)
             return
+        assert self.layout is not None
+        ct = self.ns.chunk_tokens
+        what = self.layout.describe()
+        if self.plan.hybrid:
+            here = sum(1 for lay in self.layouts.values() if lay is not None)
+            what = f"{len(self.plan.offloaded)} KV cache groups ({here} with layers here: {self.plan.summary()}); first: {what}"
         log.info(
             "infera-kvd: rank %d offloads %s; chunk %d tokens = %d bytes; namespace %s",
             self.rank,
-            self.layout.describe(),
-            self.ns.chunk_tokens,
-            self.layout.chunk_bytes(self.ns.chunk_tokens // self.block_size),
+            what,
+            ct,
+            self.chunk_bytes_total(),
             self.ns.name,
         )
+        self.timings.chunk_bytes = self.chunk_bytes_total()
         if self.layout.device.type != "cpu" or self.gpu_path_on_cpu:
-            self._setup_gpu(self.layout)
+            self._setup_gpus()
+        if self.env.load_layerwise:
+            if self.gpu is None and not self.plan.hybrid:
+                self.layerwise = LayerwiseLoads(
+                    self.layout, self.counters, lambda ids: self._fail_chunk(ids, "bad_chunk")
+                )
+            else:
+                log.info(
+                    "infera-kvd: INFERA_KVD_LOAD_LAYERWISE=1 applies to the CPU copy path of "
+                    "single-group engines; this one loads every layer before the forward"
+                )
         with self.link.using(wait=True):
             self.link.client()
             self._log_paths()
             self._report(force=True)
+
+    def _layouts(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """One layout per offloaded group (a single-group engine: every layer it was given)."""
+        if not self.plan.hybrid:
+            self.layout = KVLayout.from_caches(kv_caches, self.num_blocks)
+            self.layouts = {self.plan.groups[0].index: self.layout}
+            return
+        for g in self.plan.offloaded:
+            names = [n for n in g.layers if n in kv_caches]
+            if len(names) < len(g.layers):
+                missing = next(n for n in g.layers if n not in kv_caches)
+                raise LayoutError(f"{missing}: in KV cache group {g.index} but not registered")
+            self.layouts[g.index] = (
+                KVLayout.from_caches({n: kv_caches[n] for n in names}, self.num_blocks) if names else None
+            )
+        present = [lay for lay in self.layouts.values() if lay is not None]
+        if not present:
+            raise LayoutError("no KV cache layers to offload on this rank")
+        self.layout = present[0]
+
+    def _copiers(self) -> list[GpuCopier]:
+        """Every GPU copier (one per offloaded group with layers on this rank)."""
+        if self.gpus:
+            return list(self.gpus.values())
+        return [self.gpu] if self.gpu is not None else []
+
+    def chunk_bytes_total(self) -> int:
+        """Bytes one chunk of every group takes on this rank (the payloads the daemon keeps)."""
+        ct = self.ns.chunk_tokens
+        total = 0
+        for g in self.plan.offloaded:
+            lay = self.layouts.get(g.index)
+            if lay is not None:
+                total += lay.chunk_bytes(g.stored_blocks(ct))
+        return total
+
+    def key(self, ch: ChunkJob) -> bytes:
+        return chunk_key(self.ns.digest, ch.chunk_hash, self.key_rank, self.tags.get(ch.group, b""))
 
     def _device(self) -> Any:
         """The KV's GPU as the current device: the link's watcher thread runs the hooks below
@@ -136,95 +214,12 @@ class WorkerHalf(GpuWorkerMixin):
         """Nothing may still be copying into or out of the mapping when it goes away."""
         with self._device():
             if self.gpu is not None:
-                self.gpu.drain()
+                for gpu in self._copiers():
+                    gpu.drain()
                 self.pin.detach()
         if self.gd is not None:
             self.gd.drain()
         self.arena = None
-
-    # -- loads -------------------------------------------------------------------------------
-    def load(self, meta: InferaKvdMetadata) -> None:
-        if self.gpu is not None:
-            self.gpu.before_forward()
-        if not meta.loads:
-            return
-        # A load waits for a reconnect under way (the new arena's registration): the scheduler
-        # has already promised these tokens to vLLM. On the H200 a step that instead reported
-        # them as load errors while a 17.5 GiB arena registered got wrong greedy tokens from
-        # vLLM 0.26 (docs/gpu.md); waiting is what every earlier GPU run did, and was exact.
-        with self.link.using(wait=True) as usable:
-            if not usable:
-                self._fail_all(meta.loads)
-                return
-            try:
-                self._load(meta.loads)
-            except Exception:  # never into vLLM: the blocks are recomputed instead
-                log.exception("infera-kvd: load failed; recomputing those blocks")
-                self._fail_all(meta.loads)
-
-    def _load(self, jobs: list[RequestJob]) -> None:
-        if self.layout is None:
-            self._fail_all(jobs)
-            return
-        keys = [chunk_key(self.ns.digest, ch.chunk_hash, self.key_rank) for job in jobs for ch in job.chunks]
-        direct = self.gd is not None and self.gd.active
-        try:
-            client, items = self.link.call(lambda c: (c, c.lease(keys, ram_only=direct)))
-        except KvdClientError:
-            self._fail_all(jobs)
-            return
-        arena = self.arena
-        if arena is None:
-            self._fail_all(jobs)
-            return
-        if self.gpu is not None:
-            self._load_gpu(jobs, keys, items, client, arena, direct)
-            return
-        tokens: list[int] = []
-        pos = 0
-        started = time.perf_counter()
-        for job in jobs:
-            failed = False
-            for ch in job.chunks:
-                item = items[pos]
-                pos += 1
-                if item is not None:
-                    tokens.append(item[0])
-                if failed or item is None or not ch.chunk_hash:
-                    failed = True
-                    self._fail_chunk(ch.block_ids[ch.skip : ch.stop], "missing")
-                    continue
-                _token, off, length = item
-                try:
-                    self.layout.scatter(ch.block_ids, arena[off : off + length], ch.skip, ch.stop)
-                except LayoutError as exc:
-                    failed = True
-                    self._warn_once(
-                        "load-layout", f"infera-kvd: a stored chunk does not fit this engine: {exc}"
-                    )
-                    self._fail_chunk(ch.block_ids[ch.skip : ch.stop], "bad_chunk")
-                    continue
-                self.counters["load_chunks"] += 1
-                self.counters["load_bytes"] += length
-        self.counters["load_us"] += int((time.perf_counter() - started) * 1e6)
-        try:
-            client.release(tokens)
-        except KvdClientError as exc:
-            if self.link.connected:
-                self.link.failed(exc)
-
-    def _fail_chunk(self, block_ids: list[int], why: str) -> None:
-        self.load_errors.update(block_ids)
-        self.counters[f"load_failed_{why}"] += 1
-
-    def _fail_all(self, jobs: list[RequestJob]) -> None:
-        for job in jobs:
-            for ch in job.chunks:
-                self._fail_chunk(ch.block_ids[ch.skip : ch.stop], "unavailable")
-
-    def take_load_errors(self) -> set[int]:
-        errors, self.load_errors = self.load_errors, set()
-        return errors
 
     # -- saves -------------------------------------------------------------------------------
     def save(self, meta: InferaKvdMetadata) -> None:
@@ -244,52 +239,69 @@ class WorkerHalf(GpuWorkerMixin):
     def _save(self, jobs: list[RequestJob]) -> None:
         layout = self.layout
         assert layout is not None
-        by_retention: dict[str, list[tuple[bytes, list[int]]]] = {}
+        # (retention, group) -> [(key, block ids)]
+        by_class: dict[tuple[str, int], list[tuple[bytes, list[int]]]] = {}
         for job in jobs:
             for ch in job.chunks:
-                key = chunk_key(self.ns.digest, ch.chunk_hash, self.key_rank)
-                by_retention.setdefault(job.retention, []).append((key, ch.block_ids))
+                by_class.setdefault((job.retention, ch.group), []).append((self.key(ch), ch.block_ids))
         started = time.perf_counter()
-        if self.gpu is not None:
-            for retention, chunks in by_retention.items():
-                if not self._save_gpu(retention, chunks):
+        if self.gpus:
+            for (retention, group), chunks in by_class.items():
+                gpu = self.gpus.get(group)
+                if gpu is None:  # a group without layers on this rank: empty chunks
+                    if not self._save_cpu(retention, None, chunks):
+                        break
+                elif not self._save_gpu(retention, chunks, gpu):
                     break
             self.counters["save_us"] += int((time.perf_counter() - started) * 1e6)
             return
-        for retention, chunks in by_retention.items():
-            keys = [k for k, _ in chunks]
-            lengths = [layout.chunk_bytes(len(ids)) for _, ids in chunks]
-            try:
-                client, slots = self.link.call(lambda c: (c, c.reserve(keys, lengths, retention=retention)))  # noqa: B023
-                arena = self.arena
-                if arena is None:
-                    client.abort([s[0] for s in slots if not isinstance(s, str)])
-                    raise KvdUnavailable("no arena mapping")
-                tokens: list[int] = []
-                for slot, (_key, ids), length in zip(slots, chunks, lengths, strict=True):
-                    if isinstance(slot, str):
-                        self._refused(slot, length)
-                        continue
-                    token, off = slot
-                    try:
-                        layout.gather(ids, arena[off : off + length])
-                    except LayoutError as exc:
-                        client.abort([token])
-                        self._warn_once("save-layout", f"infera-kvd: cannot gather a chunk: {exc}")
-                        continue
-                    tokens.append(token)
-                    self.counters["save_chunks"] += 1
-                    self.counters["save_bytes"] += length
-                client.seal(tokens)
-            except KvdUnavailable as exc:
-                if self.link.connected:
-                    self.link.failed(exc)
-                self.counters["save_skipped_unavailable"] += len(chunks)
-                return
-            except KvdClientError as exc:
-                self._warn_once("save-error", f"infera-kvd: the daemon rejected a save: {exc}")
-                self.counters["save_errors"] += 1
+        for (retention, group), chunks in by_class.items():
+            lay = self.layouts.get(group, layout) if self.plan.hybrid else layout
+            if self.plan.hybrid and group not in self.layouts:
+                continue  # not a group this engine offloads
+            if not self._save_cpu(retention, lay, chunks):
+                break
         self.counters["save_us"] += int((time.perf_counter() - started) * 1e6)
+
+    def _save_cpu(
+        self, retention: str, layout: KVLayout | None, chunks: list[tuple[bytes, list[int]]]
+    ) -> bool:
+        """Reserve, gather, seal one retention class of one group (``layout`` None: a group this
+        rank has no layers of, stored as empty chunks). False when the daemon is unreachable."""
+        keys = [k for k, _ in chunks]
+        lengths = [layout.chunk_bytes(len(ids)) if layout is not None else 0 for _, ids in chunks]
+        try:
+            client, slots = self.link.call(lambda c: (c, c.reserve(keys, lengths, retention=retention)))
+            arena = self.arena
+            if arena is None:
+                client.abort([s[0] for s in slots if not isinstance(s, str)])
+                raise KvdUnavailable("no arena mapping")
+            tokens: list[int] = []
+            for slot, (_key, ids), length in zip(slots, chunks, lengths, strict=True):
+                if isinstance(slot, str):
+                    self._refused(slot, length)
+                    continue
+                token, off = slot
+                try:
+                    if layout is not None:
+                        layout.gather(ids, arena[off : off + length])
+                except LayoutError as exc:
+                    client.abort([token])
+                    self._warn_once("save-layout", f"infera-kvd: cannot gather a chunk: {exc}")
+                    continue
+                tokens.append(token)
+                self.counters["save_chunks"] += 1
+                self.counters["save_bytes"] += length
+            client.seal(tokens)
+        except KvdUnavailable as exc:
+            if self.link.connected:
+                self.link.failed(exc)
+            self.counters["save_skipped_unavailable"] += len(chunks)
+            return False
+        except KvdClientError as exc:
+            self._warn_once("save-error", f"infera-kvd: the daemon rejected a save: {exc}")
+            self.counters["save_errors"] += 1
+        return True
 
     def _refused(self, why: str, length: int) -> None:
         """A reservation the daemon refused: counted, and a full arena said once."""
@@ -316,7 +328,9 @@ class WorkerHalf(GpuWorkerMixin):
         reasons: list[str] = []
         path = "arena"
         if self.gpu is not None:
-            counters.update(self.gpu.counters)
+            for gpu in self._copiers():
+                for name, value in gpu.counters.items():
+                    counters[name] = counters.get(name, 0) + value
             if self.env.copy_kernel == "triton" and self.gpu.kernel is None:
                 reasons.append(f"INFERA_KVD_COPY_KERNEL=triton asked for, but {self.gpu.kernel_why}")
             if self.pin.pinned:
@@ -350,8 +364,8 @@ class WorkerHalf(GpuWorkerMixin):
 
     def close(self) -> None:
         self.link.close()
-        if self.gpu is not None:
-            self.gpu.close()
+        for gpu in self._copiers():
+            gpu.close()
         if self.gd is not None:
             self.gd.close()
         self.arena = None

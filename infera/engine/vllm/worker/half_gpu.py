@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from collections import Counter
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from infera.engine.vllm.config import ConnectorEnv
+from infera.engine.vllm.groups import Plan
 from infera.engine.vllm.keys import Namespace
 from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import ChunkJob, RequestJob
@@ -23,6 +25,7 @@ from infera.engine.vllm.worker.gpu import gpudirect
 from infera.engine.vllm.worker.gpu.copier import ArenaPin, GpuCopier, LoadItem, SaveItem
 from infera.engine.vllm.worker.gpu.gdpath import GdPath
 from infera.engine.vllm.worker.layout import KVLayout, LayoutError
+from infera.engine.vllm.worker.timing import Timings
 from infera.kvd.client import KvdClient, KvdClientError, KvdUnavailable
 
 log = logging.getLogger("infera.engine.vllm")
@@ -41,8 +44,16 @@ class GpuWorkerMixin:
     gd: GdPath | None
     gd_sel: gpudirect.Selection | None
     gpu_path_on_cpu: bool
+    plan: Plan
+    layout: KVLayout | None
+    layouts: dict[int, KVLayout | None]
+    gpus: dict[int, GpuCopier]
+    timings: Timings
 
-    def _fail_chunk(self, block_ids: list[int], why: str) -> None:  # provided by WorkerHalf
+    def _fail_chunk(self, block_ids: list[int], why: str) -> None:  # provided by LoadMixin
+        raise NotImplementedError
+
+    def _job_done(self, job: RequestJob, failed: bool) -> None:  # provided by LoadMixin
         raise NotImplementedError
 
     def _warn_once(self, what: str, message: str) -> None:  # provided by WorkerHalf
@@ -50,6 +61,44 @@ class GpuWorkerMixin:
 
     def _refused(self, why: str, length: int) -> None:  # provided by WorkerHalf
         raise NotImplementedError
+
+    def _load_failures(self) -> int:
+        return sum(v for k, v in self.counters.items() if k.startswith("load_failed_"))
+
+    def _setup_gpus(self) -> None:
+        """One copier per offloaded group with layers here (the staging split between them);
+        GPU-direct only for single-group engines."""
+        if not self.plan.hybrid:
+            assert self.layout is not None
+            self._setup_gpu(self.layout)
+            if self.gpu is not None:
+                self.gpus = {self.plan.groups[0].index: self.gpu}
+            return
+        ct = self.ns.chunk_tokens
+        present = [(g, self.layouts.get(g.index)) for g in self.plan.offloaded]
+        present = [(g, lay) for g, lay in present if lay is not None]
+        share = max(1, self.env.gpu_staging_bytes // max(1, len(present)))
+        gpus: dict[int, GpuCopier] = {}
+        try:
+            for g, lay in present:
+                assert lay is not None
+                gpus[g.index] = GpuCopier(
+                    lay, g.stored_blocks(ct), staging_bytes=share, kernel_mode=self.env.copy_kernel
+                )
+        except (RuntimeError, LayoutError) as exc:
+            for gpu in gpus.values():
+                gpu.close()
+            self.gpu_error = f"no GPU staging ({exc}); plain copies without side streams"
+            return
+        self.gpus = gpus
+        self.gpu = next(iter(gpus.values()))
+        log.info("infera-kvd: %d KV cache groups, each: %s", len(gpus), self.gpu.describe())
+        if self.env.gpu_direct_requested:
+            self.gd_sel = gpudirect.Selection(
+                requested=True,
+                loud=self.env.ais == "1",
+                reasons=["GPU-direct is for single-group engines; this model has several KV cache groups"],
+            )
 
     def _setup_gpu(self, layout: KVLayout) -> None:
         bpc = max(1, self.ns.chunk_tokens // self.block_size)
@@ -110,22 +159,36 @@ class GpuWorkerMixin:
         client: KvdClient,
         arena: torch.Tensor,
         direct: bool,
+        t0: float | None = None,
+        sample: tuple[int, int] = (0, 0),
     ) -> None:
-        gpu = self.gpu
-        assert gpu is not None
+        """``t0``/``sample``: when the LEASE went out and the step's (chunks, long-tier chunks),
+        for the load's timing (recorded once every copy completed, if no chunk failed)."""
+        assert self.gpu is not None
+        hybrid = self.plan.hybrid
+        failures = self._load_failures()
         started = time.perf_counter()
         tokens: list[int] = []
-        ram: list[LoadItem] = []
+        ram: dict[int, list[LoadItem]] = {}
         files: list[tuple[bytes, ChunkJob, LoadItem]] = []
         pos = 0
         for job in jobs:
+            failed = False
             for ch in job.chunks:
                 key, item = keys[pos], items[pos]
                 pos += 1
                 if item is not None:
                     tokens.append(item[0])
-                if not ch.chunk_hash or (item is None and not direct):
+                if (hybrid and failed) or not ch.chunk_hash or (item is None and not direct):
+                    failed = True
                     self._fail_chunk(ch.block_ids[ch.skip : ch.stop], "missing")
+                    continue
+                gpu = self.gpus.get(ch.group) if hybrid else self.gpu
+                if gpu is None:  # a group without layers on this rank: an empty chunk
+                    if item is not None and item[2] == 0 and self.layouts.get(ch.group, 1) is None:
+                        continue
+                    failed = True
+                    self._fail_chunk(ch.block_ids[ch.skip : ch.stop], "bad_chunk")
                     continue
                 stop = len(ch.block_ids) if ch.stop is None else ch.stop
                 try:
@@ -134,24 +197,44 @@ class GpuWorkerMixin:
                     self._warn_once(
                         "load-layout", f"infera-kvd: a stored chunk does not fit this engine: {exc}"
                     )
+                    failed = True
                     self._fail_chunk(ch.block_ids[ch.skip : ch.stop], "bad_chunk")
                     continue
                 if item is None:
                     files.append((key, ch, LoadItem(ch.block_ids, ch.skip, stop, 0, gpu.chunk_bytes)))
                 else:
-                    ram.append(LoadItem(ch.block_ids, ch.skip, stop, item[1], item[2]))
+                    ram.setdefault(ch.group if hybrid else 0, []).append(
+                        LoadItem(ch.block_ids, ch.skip, stop, item[1], item[2])
+                    )
+            self._job_done(job, failed)
         link = self.link
+        left = [max(1, len(ram))]
+        lock = threading.Lock()
+        timings = self.timings
+        clean = not files and failures == self._load_failures()
 
         def release() -> None:
+            with lock:  # the copiers' completion threads: release once every group has moved
+                left[0] -= 1
+                if left[0]:
+                    return
+            if clean and t0 is not None:
+                timings.load_done(*sample, time.perf_counter() - t0)
             try:
                 client.release(tokens)
             except KvdClientError as exc:
                 if link.connected:
                     log.debug("infera-kvd: RELEASE failed: %s", exc)
 
-        gpu.load(ram, arena, release)
-        self.counters["load_chunks"] += len(ram)
-        self.counters["load_bytes"] += sum(it.length for it in ram)
+        if not ram:
+            self.gpu.load([], arena, release)
+        for group, group_items in ram.items():
+            gpu = self.gpus.get(group, self.gpu) if hybrid else self.gpu
+            assert gpu is not None
+            gpu.load(group_items, arena, release)
+            self.counters["load_chunks"] += len(group_items)
+            self.counters["load_bytes"] += sum(it.length for it in group_items)
+        gpu = self.gpu
         if files:
             gd = self.gd
             assert gd is not None
@@ -195,7 +278,9 @@ class GpuWorkerMixin:
         self.counters["load_chunks"] += len(loads)
         self.counters["load_bytes"] += sum(it.length for it in loads)
 
-    def _save_gpu(self, retention: str, chunks: list[tuple[bytes, list[int]]]) -> bool:
+    def _save_gpu(
+        self, retention: str, chunks: list[tuple[bytes, list[int]]], gpu: GpuCopier | None = None
+    ) -> bool:
         """Reserve, then queue gathers and DMAs; SEAL happens when each group's DMA is done.
         Returns False when the daemon is unreachable (the remaining classes are skipped too).
 
@@ -203,7 +288,7 @@ class GpuWorkerMixin:
         next reservation: the GPU starts copying after one small round trip instead of waiting
         for the reservation of the whole step (3 ms for 1,024 chunks, a tenth of the DMA time
         of 2 MiB chunks)."""
-        gpu = self.gpu
+        gpu = gpu or self.gpu
         assert gpu is not None
         gd = self.gd if self.gd is not None and self.gd.active and retention == "long" else None
         slots_for: dict[bytes, int] = {}

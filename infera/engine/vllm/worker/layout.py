@@ -178,10 +178,11 @@ class KVLayout:
             torch.index_select(lb.view, 0, idx, out=out[pos : pos + size].view(nb, lb.page_bytes))
             pos += size
 
-    def scatter(
+    def check_chunk(
         self, block_ids: list[int], src: torch.Tensor, skip: int = 0, stop: int | None = None
-    ) -> None:
-        """Write a chunk payload back into ``block_ids[skip:stop]``; other blocks are left alone."""
+    ) -> int:
+        """What a scatter of ``src`` into ``block_ids[skip:stop]`` needs (LayoutError if it would
+        refuse); returns the stop block."""
         nb = len(block_ids)
         stop = nb if stop is None else stop
         if src.numel() != self.chunk_bytes(nb):
@@ -189,6 +190,14 @@ class KVLayout:
         if not 0 <= skip < stop <= nb:
             raise LayoutError(f"blocks {skip}..{stop} outside a {nb}-block chunk")
         self._index(block_ids[skip:stop])  # bounds check
+        return stop
+
+    def scatter(
+        self, block_ids: list[int], src: torch.Tensor, skip: int = 0, stop: int | None = None
+    ) -> None:
+        """Write a chunk payload back into ``block_ids[skip:stop]``; other blocks are left alone."""
+        nb = len(block_ids)
+        stop = self.check_chunk(block_ids, src, skip, stop)
         if self.device != src.device:
             src = src.to(self.device)
         # One copy per run of consecutive block ids (index_copy_ runs element-wise and measured

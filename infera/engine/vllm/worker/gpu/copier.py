@@ -26,8 +26,7 @@ tests exercise the grouping, indexing and byte layout on real tensors without a 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -44,82 +43,20 @@ from infera.engine.vllm.worker.gpu.runtime import (
     ops_for,
     timed,
 )
+from infera.engine.vllm.worker.gpu.staging import (
+    LoadItem,
+    SaveItem,
+    StagingPool,
+    dma_runs,
+    groups_of,
+    index_dtype,
+)
 from infera.engine.vllm.worker.layout import KVLayout, LayoutError
 
 log = logging.getLogger("infera.engine.vllm")
 
 DEFAULT_STAGING_BYTES = 768 << 20
 LOAD_SHARE = 3 / 4  # loads are on the TTFT path: bigger groups, fewer indexed copies per step
-_WIDE = (torch.int64, torch.int32, torch.int16)
-
-
-@dataclass
-class LoadItem:
-    """One chunk to load: its blocks, the part to write, and where it sits in the arena."""
-
-    block_ids: list[int]
-    skip: int
-    stop: int
-    offset: int
-    length: int
-
-
-@dataclass
-class SaveItem:
-    """One chunk to save into a reserved arena region; ``token`` is the reservation."""
-
-    block_ids: list[int]
-    offset: int
-    length: int
-    token: int
-
-
-def _elem(*sizes: int) -> torch.dtype:
-    """The widest integer element that divides every size: fewer, larger index copies."""
-    for dtype in _WIDE:
-        width = torch.empty(0, dtype=dtype).element_size()
-        if all(s % width == 0 for s in sizes):
-            return dtype
-    return torch.uint8
-
-
-def _groups(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
-
-
-def _dma_runs(group: Sequence[Any], chunk_bytes: int) -> list[tuple[int, int, int]]:
-    """``(staging offset, arena offset, length)`` per DMA: chunks that sit next to each other
-    in the arena as in staging move in one copy (the allocator often hands out neighbours, and
-    one 2 MiB copy per chunk left a tenth of the link to launch gaps)."""
-    runs: list[tuple[int, int, int]] = []
-    for i, it in enumerate(group):
-        lo = i * chunk_bytes
-        if runs:
-            plo, poff, plen = runs[-1]
-            if plo + plen == lo and poff + plen == it.offset:
-                runs[-1] = (plo, poff, plen + it.length)
-                continue
-        runs.append((lo, it.offset, it.length))
-    return runs
-
-
-class _Pool:
-    """A staging buffer of ``cells`` chunk-sized cells, used as two halves in turn."""
-
-    def __init__(self, cells: int, chunk_bytes: int, device: torch.device) -> None:
-        self.cells = cells
-        self.half = cells // 2
-        self.chunk_bytes = chunk_bytes
-        self.buf = torch.empty(cells * chunk_bytes, dtype=torch.uint8, device=device)
-        self.free: list[Any] = [None, None]  # event after which each half may be overwritten
-        self.turn = 0
-
-    def next_half(self) -> tuple[int, torch.Tensor]:
-        h = self.turn
-        self.turn ^= 1
-        start = h * self.half * self.chunk_bytes
-        return h, self.buf[start : start + self.half * self.chunk_bytes]
 
 
 class GpuCopier:
@@ -157,7 +94,7 @@ class GpuCopier:
         self.wide_layers: list[torch.Tensor] = []
         pos = 0
         for lb in layout.layers:
-            dtype = _elem(lb.page_bytes, lb.block_stride, lb.offset, pos, cb)
+            dtype = index_dtype(lb.page_bytes, lb.block_stride, lb.offset, pos, cb)
             self.layer_off.append(pos)
             self.wide_layers.append(lb.view.view(dtype))
             pos += self.bpc * lb.page_bytes
@@ -165,7 +102,7 @@ class GpuCopier:
         if layout.stacked is not None:
             first = layout.layers[0]
             st = layout.stacked
-            dtype = _elem(first.page_bytes, first.block_stride, first.offset, st.stride(0), cb)
+            dtype = index_dtype(first.page_bytes, first.block_stride, first.offset, st.stride(0), cb)
             self.stacked = st.view(dtype)
         self.dtype = self.wide_layers[0].dtype
         self.counters: dict[str, int] = {}
@@ -207,9 +144,9 @@ class GpuCopier:
     def _count(self, name: str, n: int) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
 
-    def _pool(self, nbytes: int) -> _Pool:
+    def _pool(self, nbytes: int) -> StagingPool:
         cells = max(2, nbytes // self.chunk_bytes)
-        return _Pool(cells - cells % 2, self.chunk_bytes, self.device)
+        return StagingPool(cells - cells % 2, self.chunk_bytes, self.device)
 
     def _layer_srcs(self, region: torch.Tensor, n: int) -> list[torch.Tensor]:
         """Every layer's view of ``n`` staged chunks, built once per (buffer, n): building 4 views
@@ -266,13 +203,13 @@ class GpuCopier:
         compute = ops.current_stream()
         last = None
         first = None
-        for group in _groups(items, pool.half):
+        for group in groups_of(items, pool.half):
             h, region = pool.next_half()
             ops.wait(self.h2d, pool.free[h])
             with ops.use(self.h2d):
                 if first is None:
                     first = ops.record(self.h2d, timing=True)
-                for lo, off, length in _dma_runs(group, self.chunk_bytes):
+                for lo, off, length in dma_runs(group, self.chunk_bytes):
                     region[lo : lo + length].copy_(arena[off : off + length], non_blocking=True)
                 last = ops.record(self.h2d, timing=True)
             ops.wait(compute, last)
@@ -298,7 +235,7 @@ class GpuCopier:
         ops, pool = self.ops, self.load_pool
         compute = ops.current_stream()
         ok: list[bool] = []
-        for group in _groups(items, pool.half):
+        for group in groups_of(items, pool.half):
             h, region = pool.next_half()
             ops.sync(pool.free[h])  # the reader writes outside any stream: the half must be idle
             keep = []
@@ -369,7 +306,7 @@ class GpuCopier:
         ops, pool = self.ops, self.save_pool
         ops.wait(self.gather_stream, ops.record(ops.current_stream()))
         gathered = None
-        for group in _groups(items, pool.half):
+        for group in groups_of(items, pool.half):
             h, region = pool.next_half()
             ops.wait(self.gather_stream, pool.free[h])
             with ops.use(self.gather_stream):
@@ -380,7 +317,7 @@ class GpuCopier:
             ops.wait(self.d2h, gathered)
             with ops.use(self.d2h):
                 start = ops.record(self.d2h, timing=True)
-                for lo, off, length in _dma_runs(group, self.chunk_bytes):
+                for lo, off, length in dma_runs(group, self.chunk_bytes):
                     arena[off : off + length].copy_(region[lo : lo + length], non_blocking=True)
                 end = ops.record(self.d2h, timing=True)
             pool.free[h] = end

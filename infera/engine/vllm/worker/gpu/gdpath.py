@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 from typing import Any
 
 import torch
 
 from infera.engine.vllm.worker.gpu.copier import GpuCopier
-from infera.engine.vllm.worker.gpu.gpudirect import ChunkFiles, Selection
+from infera.engine.vllm.worker.gpu.gdfiles import ChunkFiles
+from infera.engine.vllm.worker.gpu.gpudirect import Selection
+from infera.engine.vllm.worker.gpu.runtime import QueueThread
 from infera.kvd.chunkfile import ChunkFileError
 from infera.kvd.client import KvdClient, KvdClientError
 
@@ -46,8 +47,7 @@ class GdPath:
         self.pool = torch.empty((slots, self.chunk_bytes), dtype=torch.uint8, device=copier.device)
         self._free = list(range(slots))
         self._lock = threading.Lock()
-        self._q: queue.Queue[tuple[Any, KvdClient, bytes, int] | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
+        self._writer = QueueThread[tuple[Any, KvdClient, bytes, int]]("kvd-gd-write", self._write_one, 30)
         self.daemon_reason: str | None = None
         self.counters: dict[str, int] = {}
 
@@ -113,23 +113,10 @@ class GdPath:
         with ops.use(self.copier.gather_stream):
             self.pool[slot].copy_(staged)
             event = ops.record(self.copier.gather_stream)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="kvd-gd-write", daemon=True)
-            self._thread.start()
-        self._q.put((event, client, key, slot))
+        self._writer.put((event, client, key, slot))
 
-    def _loop(self) -> None:
-        while True:
-            item = self._q.get()
-            try:
-                if item is None:
-                    return
-                event, client, key, slot = item
-                self._write_one(event, client, key, slot)
-            finally:
-                self._q.task_done()
-
-    def _write_one(self, event: Any, client: KvdClient, key: bytes, slot: int) -> None:
+    def _write_one(self, item: tuple[Any, KvdClient, bytes, int]) -> None:
+        event, client, key, slot = item
         try:
             self.copier.ops.sync(event)
             try:
@@ -152,13 +139,9 @@ class GdPath:
             log.debug("infera-kvd: ADOPT failed: %s", exc)
 
     def drain(self) -> None:
-        if self._thread is not None:
-            self._q.join()
+        self._writer.drain()
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._q.put(None)
-            self._thread.join(timeout=30)
-            self._thread = None
+        self._writer.close()
         if self.sel.api is not None:
             self.sel.api.driver_close()

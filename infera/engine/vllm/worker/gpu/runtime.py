@@ -13,11 +13,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
 log = logging.getLogger("infera.engine.vllm")
+T = TypeVar("T")
 
 
 # -- streams and events ---------------------------------------------------------------------
@@ -122,6 +123,45 @@ def cuda_host_unregister(ptr: int) -> None:
         pass
 
 
+class QueueThread(Generic[T]):
+    """Runs ``handle`` on each queued item in order, on one daemon thread started by the first item."""
+
+    def __init__(self, name: str, handle: Callable[[T], None], join_timeout: float) -> None:
+        self.name = name
+        self.handle = handle
+        self.join_timeout = join_timeout
+        self._q: queue.Queue[T | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def put(self, item: T) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+            self._thread.start()
+        self._q.put(item)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._q.get()
+            try:
+                if item is None:
+                    return
+                self.handle(item)
+            finally:
+                self._q.task_done()
+
+    def drain(self) -> None:
+        """Wait until every queued item has been handled."""
+        if self._thread is not None:
+            self._q.join()
+
+    def close(self) -> None:
+        """Handle what is queued, then stop the thread (waiting ``join_timeout`` seconds at most)."""
+        if self._thread is not None:
+            self._q.put(None)
+            self._thread.join(timeout=self.join_timeout)
+            self._thread = None
+
+
 class Completer:
     """Runs callbacks once their GPU event has completed, in submission order, on one thread.
 
@@ -129,18 +169,14 @@ class Completer:
 
     def __init__(self, ops: HostOps) -> None:
         self.ops = ops
-        self._q: queue.Queue[tuple[Any, Callable[[], None]] | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
+        self._thread = QueueThread[tuple[Any, Callable[[], None]]]("kvd-gpu-complete", self._complete, 10)
         self.errors = 0
 
     def after(self, event: Any, fn: Callable[[], None]) -> None:
         if self.ops.synchronous:
             self._run(fn)
             return
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="kvd-gpu-complete", daemon=True)
-            self._thread.start()
-        self._q.put((event, fn))
+        self._thread.put((event, fn))
 
     def _run(self, fn: Callable[[], None]) -> None:
         try:
@@ -149,31 +185,20 @@ class Completer:
             self.errors += 1
             log.debug("infera-kvd: a completion callback failed", exc_info=True)
 
-    def _loop(self) -> None:
-        while True:
-            item = self._q.get()
-            try:
-                if item is None:
-                    return
-                event, fn = item
-                try:
-                    self.ops.sync(event)
-                except Exception:
-                    log.exception("infera-kvd: waiting for a GPU copy failed")
-                self._run(fn)
-            finally:
-                self._q.task_done()
+    def _complete(self, item: tuple[Any, Callable[[], None]]) -> None:
+        event, fn = item
+        try:
+            self.ops.sync(event)
+        except Exception:
+            log.exception("infera-kvd: waiting for a GPU copy failed")
+        self._run(fn)
 
     def drain(self) -> None:
         """Wait until every queued callback has run."""
-        if self._thread is not None:
-            self._q.join()
+        self._thread.drain()
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._q.put(None)
-            self._thread.join(timeout=10)
-            self._thread = None
+        self._thread.close()
 
 
 @dataclass

@@ -1,0 +1,153 @@
+"""``kvd bench scale``, the concurrency part: N client processes doing put+get of large chunks
+through one daemon, against N processes doing the same two copies with no daemon, in one run.
+
+Each worker process is the loop of ``kvd bench arena`` (:func:`infera.bench.arena.kvd_gbps` and
+:func:`infera.bench.arena.memcpy_gbps`) with its own key prefix; the workers of a round start at
+one barrier and the aggregate is all bytes moved over the slowest worker's time. Both sides
+alternate round after round and each keeps its best, as ``kvd bench arena`` does.
+
+While 8 clients stream, this process sends LOOKUPs of 1,000 present keys and takes their p99,
+next to the p99 of the same LOOKUPs with the daemon otherwise idle.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from infera.bench.arena import kvd_gbps, memcpy_gbps
+from infera.bench.common import temp_daemon
+from infera.bench.scale_index import lookup_samples, make_keys, percentiles, put_all
+from infera.errors import KvdError
+
+NS = "bench-scale-conc"
+STREAM_CLIENTS = 8
+
+
+def _worker(
+    kind: str, sock: str, idx: int, size: int, rounds: int, stream_s: float, barrier: Any, q: Any
+) -> None:
+    try:
+        if kind == "memcpy":
+            memcpy_gbps(size, 2)  # import and first-touch costs out of the timed part
+            barrier.wait()
+            q.put((idx, 2 * size * rounds / memcpy_gbps(size, rounds) / 1e9, 0))
+            return
+        from infera.kvd.client import KvdClient
+
+        with KvdClient(sock, namespace=NS, name=f"kvd-bench-conc{idx}") as c:
+            prefix = f"w{idx}"
+            kvd_gbps(c, size, rounds, prefix)  # warm-up: pages of this mapping touched once
+            barrier.wait()
+            if not stream_s:
+                q.put((idx, 2 * size * rounds / kvd_gbps(c, size, rounds, prefix) / 1e9, 0))
+                return
+            end = time.perf_counter() + stream_s
+            n = 0
+            while time.perf_counter() < end:
+                kvd_gbps(c, size, rounds, prefix)
+                n += rounds
+            q.put((idx, 0.0, n))
+    except BaseException as exc:
+        q.put((idx, -1.0, repr(exc)))
+        raise
+
+
+def _round(kind: str, sock: str, clients: int, size: int, rounds: int, stream_s: float = 0.0) -> list[Any]:
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(clients + 1)
+    q = ctx.Queue()
+    procs = [
+        ctx.Process(target=_worker, args=(kind, sock, i, size, rounds, stream_s, barrier, q), daemon=True)
+        for i in range(clients)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        barrier.wait(timeout=120)
+        results = [q.get(timeout=600) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    bad = [r for r in results if r[1] < 0]
+    if bad:
+        raise KvdError(f"benchmark: a {kind} worker failed: {bad[0][2]}")
+    return results
+
+
+def concurrency_points(
+    clients: Sequence[int],
+    size: int,
+    total_chunks: int,
+    repeats: int,
+    stream_s: float,
+    note: Callable[[str], None],
+) -> dict[str, Any]:
+    """Aggregate GB/s of put+get through one daemon and of plain memcpy, for each client count;
+    then LOOKUP p50/p99 idle and while ``STREAM_CLIENTS`` clients stream."""
+    arena = total_chunks * size + (64 << 20)
+    rows = []
+    from infera.kvd.client import KvdClient
+
+    with temp_daemon("--max-bytes", str(arena)) as (sock, _proc):
+        for n in clients:
+            rounds = max(4, total_chunks // n)
+            moved = 2 * size * rounds * n
+            mem, kvd = [], []
+            for r in range(repeats):
+                note(f"concurrency: {n} clients, round {r + 1}/{repeats}")
+                mem.append(moved / max(s for _i, s, _n in _round("memcpy", sock, n, size, rounds)) / 1e9)
+                kvd.append(moved / max(s for _i, s, _n in _round("kvd", sock, n, size, rounds)) / 1e9)
+            rows.append(
+                {
+                    "clients": n,
+                    "chunks_per_client": rounds,
+                    "memcpy_gbps": max(mem),
+                    "kvd_gbps": max(kvd),
+                    "ratio": max(kvd) / max(mem),
+                    "ratio_rounds": [round(k / m, 3) for k, m in zip(kvd, mem, strict=True)],
+                }
+            )
+        note(f"concurrency: LOOKUP while {STREAM_CLIENTS} clients stream")
+        keys = make_keys(1000, tag=9)
+        with KvdClient(sock, namespace=NS, name="kvd-bench-lookup") as c:
+            put_all(c, keys)
+            idle = percentiles(lookup_samples(c, keys, 200))
+            # the streamers are driven from a thread of this process, while this one sends LOOKUPs
+            import threading
+
+            box: dict[str, Any] = {}
+            th = threading.Thread(
+                target=lambda: box.update(
+                    r=_round(
+                        "kvd", sock, STREAM_CLIENTS, size, max(4, total_chunks // STREAM_CLIENTS), stream_s
+                    )
+                )
+            )
+            th.start()
+            time.sleep(min(1.0, stream_s / 4))  # the streamers connect and warm up first
+            samples: list[float] = []
+            while th.is_alive() and len(samples) < 100_000:
+                samples += lookup_samples(c, keys, 20)
+            th.join()
+            if "r" not in box:
+                raise KvdError("benchmark: the streaming clients did not finish")
+            busy = percentiles(samples) if samples else {"p50_us": 0.0, "p99_us": 0.0}
+    return {
+        "chunk_bytes": size,
+        "rows": rows,
+        "lookup_idle_p50_us": idle["p50_us"],
+        "lookup_idle_p99_us": idle["p99_us"],
+        "lookup_streaming_p50_us": busy["p50_us"],
+        "lookup_streaming_p99_us": busy["p99_us"],
+        "lookup_streaming_samples": len(samples),
+        "streamed_chunks": sum(n for _i, _s, n in box["r"]),
+        "stream_clients": STREAM_CLIENTS,
+    }
+
+
+__all__ = ["concurrency_points"]

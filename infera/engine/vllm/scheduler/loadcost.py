@@ -1,0 +1,272 @@
+"""Cost-aware loading: is loading a prefix from the daemon faster than recomputing it?
+
+The scheduler half asks :func:`choose_load` once per request with what the lookup found (the
+tier of every chunk of the hit) and a :class:`CostModel`; the answer is how many of those tokens
+to load, how many it skipped and why (per tier), and which long-tier chunks to promote into RAM
+in the background (PREWARM) because loading them now would be slower than recomputing them.
+
+The model has two sides, both learned from measurements with warm-up defaults:
+
+* **load time**: ``seconds = fixed + chunks * per_chunk`` for a load from RAM (arena to the
+  engine's KV blocks, measured by the workers per load step, for this engine's chunk size), plus
+  ``per_long_chunk[tier]`` for every chunk that the daemon first reads from its long tier (disk,
+  distributed) during the same LEASE;
+* **recompute time**: what the forward pass spends per prompt token, by prompt length. The
+  workers time every step without loads; ``(seconds - base) / tokens``, where ``base`` is the
+  time of a step of a few tokens (decode), is the marginal cost of a token at that step size,
+  kept per power-of-two bucket of step tokens. Recomputing ``n`` tokens costs ``n`` times the
+  marginal cost of the nearest measured bucket. A token whose KV is loaded still pays the step's
+  fixed cost (the prompt's last token is always computed), so only the marginal cost is saved.
+
+Everything here is pure: no vLLM, no daemon, no clock. Tests inject rates directly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from infera.loadreport import DEFAULT_POLICY, POLICIES, TIERS
+
+__all__ = ["POLICIES", "TIERS", "CostModel", "LoadChoice", "choose_load", "parse_policy", "parse_rates"]
+
+# Warm-up defaults, until the workers have measured this engine. Loads from RAM: a registered
+# arena on an H200 copies at about 53 GB/s; 20 GB/s leaves room for smaller GPUs and for the
+# scatter into blocks. Long tiers: what the daemon read on the H200's disk after a restart
+# (about 1.4 GB/s, docs/benchmarks.md); a distributed store over the network is slower still.
+# Recompute: an 8B model on an H200 prefills about 33k tokens/s at 16k (490 ms).
+DEFAULT_GBPS: dict[str, float] = {"ram": 20.0, "disk": 1.5, "distributed": 1.0}
+DEFAULT_PREFILL_TPS = 30_000.0
+DEFAULT_LOAD_FIXED_S = 0.5e-3  # one LEASE round trip and the copy's setup
+DEFAULT_STEP_BASE_S = 5e-3  # a decode step
+EWMA = 0.25  # weight of a new measurement
+SMALL_STEP_TOKENS = 16  # steps of at most this many tokens measure the fixed cost of a step
+MIN_PREFILL_STEP = 64  # steps of at least this many tokens measure the cost per token
+
+
+def _ewma(old: float | None, new: float) -> float:
+    return new if old is None else old + EWMA * (new - old)
+
+
+def bucket(tokens: int) -> int:
+    """The power-of-two bucket of a step of ``tokens`` tokens."""
+    return max(0, int(math.log2(max(1, tokens))))
+
+
+@dataclass
+class CostModel:
+    """Expected load and recompute times for one engine (its chunk size is fixed).
+
+    ``chunk_bytes``: bytes of one chunk on one rank (every rank loads its share at once).
+    ``gbps`` / ``prefill_tps``: the warm-up defaults (``INFERA_KVD_LOAD_RATES`` may set them).
+    Measurements replace them as they come (:meth:`observe_load`, :meth:`observe_step`)."""
+
+    chunk_bytes: int
+    gbps: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_GBPS))
+    prefill_tps: float = DEFAULT_PREFILL_TPS
+    load_fixed_s: float = DEFAULT_LOAD_FIXED_S
+    # learned (None: not measured yet, the default applies)
+    ram_chunk_s: float | None = None
+    long_chunk_s: dict[str, float] = field(default_factory=dict)
+    step_base_s: float | None = None
+    token_s: dict[int, float] = field(default_factory=dict)  # bucket -> marginal seconds per token
+    samples: dict[str, int] = field(default_factory=dict)  # how many measurements fed each rate
+
+    # -- what the model expects --------------------------------------------------------------
+    def default_chunk_s(self, tier: str) -> float:
+        gbps = max(1e-6, float(self.gbps.get(tier, DEFAULT_GBPS.get(tier, 1.0))))
+        return self.chunk_bytes / (gbps * 1e9)
+
+    def ram_per_chunk(self) -> float:
+        return self.ram_chunk_s if self.ram_chunk_s is not None else self.default_chunk_s("ram")
+
+    def long_per_chunk(self, tier: str) -> float:
+        """Extra seconds a chunk costs when the daemon reads it from ``tier`` first."""
+        got = self.long_chunk_s.get(tier)
+        return got if got is not None else self.default_chunk_s(tier)
+
+    def load_seconds(self, chunks_by_tier: Mapping[str, int]) -> float:
+        """Expected time of one load of that many chunks from each tier."""
+        total = sum(chunks_by_tier.values())
+        if total <= 0:
+            return 0.0
+        t = self.load_fixed_s + total * self.ram_per_chunk()
+        for tier, n in chunks_by_tier.items():
+            if tier != "ram" and n > 0:
+                t += n * self.long_per_chunk(tier)
+        return t
+
+    def token_seconds(self, tokens: int) -> float:
+        """Marginal forward time of one token in a step of about ``tokens`` tokens."""
+        if not self.token_s:
+            return 1.0 / max(1e-6, self.prefill_tps)
+        want = bucket(tokens)
+        nearest = min(self.token_s, key=lambda b: (abs(b - want), -b))
+        return self.token_s[nearest]
+
+    def recompute_seconds(self, tokens: int) -> float:
+        """Expected forward time saved by not computing ``tokens`` prompt tokens."""
+        return tokens * self.token_seconds(tokens) if tokens > 0 else 0.0
+
+    # -- measurements ------------------------------------------------------------------------
+    def observe_load(self, chunks: int, long_chunks: Mapping[str, int], seconds: float) -> None:
+        """One load step of ``chunks`` chunks (``long_chunks`` of them first read from a long tier)
+        that took ``seconds`` until the KV was in the engine's blocks."""
+        if chunks <= 0 or seconds < 0:
+            return
+        n_long = sum(n for n in long_chunks.values() if n > 0)
+        if n_long == 0:
+            per = max(0.0, seconds - self.load_fixed_s) / chunks
+            self.ram_chunk_s = _ewma(self.ram_chunk_s, per)
+            self._count("ram")
+            return
+        extra = max(0.0, seconds - self.load_fixed_s - chunks * self.ram_per_chunk()) / n_long
+        for tier, n in long_chunks.items():
+            if n > 0 and tier != "ram":
+                self.long_chunk_s[tier] = _ewma(self.long_chunk_s.get(tier), extra)
+                self._count(tier)
+
+    def observe_tier_rate(self, tier: str, gbps: float, keys_per_chunk: float = 1.0) -> None:
+        """The daemon's own measurement of ``tier``'s read rate into RAM (PREWARM answers with
+        it). A tier judged slower than recompute is never loaded from, so the workers never time
+        it again: this keeps its estimate current (a disk that got faster, a page cache that
+        warmed) without a request paying for the measurement."""
+        if tier == "ram" or gbps <= 0 or self.chunk_bytes <= 0:
+            return
+        self.long_chunk_s[tier] = _ewma(self.long_chunk_s.get(tier), self.chunk_bytes / (gbps * 1e9))
+        self._count(tier + "_daemon")
+
+    def observe_step(self, tokens: int, seconds: float) -> None:
+        """One forward step of ``tokens`` tokens, without loads, that took ``seconds``."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        if tokens <= SMALL_STEP_TOKENS:
+            self.step_base_s = _ewma(self.step_base_s, seconds)
+            self._count("step_base")
+            return
+        if tokens < MIN_PREFILL_STEP:
+            return
+        base = self.step_base_s if self.step_base_s is not None else min(DEFAULT_STEP_BASE_S, seconds / 2)
+        per = max(seconds - base, seconds * 0.1) / tokens  # never below a tenth of the average
+        b = bucket(tokens)
+        self.token_s[b] = _ewma(self.token_s.get(b), per)
+        self._count("prefill")
+
+    def _count(self, what: str) -> None:
+        self.samples[what] = self.samples.get(what, 0) + 1
+
+    def summary(self) -> dict[str, float]:
+        """The rates in use, in the units people read (GB/s, tokens/s), for logs and ``kvd stat``."""
+        out: dict[str, float] = {}
+        for tier in TIERS:
+            per = self.ram_per_chunk() if tier == "ram" else self.long_per_chunk(tier)
+            out[f"load_rate_{tier}_mbps"] = round(self.chunk_bytes / max(per, 1e-12) / 1e6, 1)
+        out["prefill_rate_tps"] = round(1.0 / max(self.token_seconds(1 << 13), 1e-12), 1)
+        return out
+
+
+@dataclass
+class LoadChoice:
+    """What to do with one request's hit of ``[start, end)`` tokens.
+
+    ``load_end``: load ``[start, load_end)`` (``start`` when nothing is loaded).
+    ``skipped``: tokens of ``[load_end, end)`` not loaded, by the tier that held them.
+    ``reason``: ``slower`` (judged slower than recompute) or ``policy`` (``never``), or "".
+    ``prewarm``: chunk indices held only by a long tier among the skipped ones (promote them).
+    ``load_s`` / ``recompute_s``: the model's estimates for the whole hit (for logs and tests).
+    """
+
+    load_end: int
+    skipped: dict[str, int] = field(default_factory=dict)
+    reason: str = ""
+    prewarm: list[int] = field(default_factory=list)
+    load_s: float = 0.0
+    recompute_s: float = 0.0
+
+
+def choose_load(
+    policy: str,
+    start: int,
+    end: int,
+    chunk_tokens: int,
+    chunk_tier: Sequence[str] | Mapping[int, str],
+    model: CostModel,
+) -> LoadChoice:
+    """How much of the hit ``[start, end)`` to load.
+
+    ``chunk_tier[c]`` names the tier holding chunk ``c`` (chunks are ``chunk_tokens`` long; the hit
+    may start and end inside a chunk). ``always`` loads it all, ``never`` nothing; ``auto`` loads
+    the prefix ``[start, L)`` (L a chunk end, or ``end``) that saves the most time, and nothing
+    when no prefix saves any: loads are linear in chunks, so the best prefix is usually all or
+    nothing, but a hit whose tail lives on a slow tier loads its RAM head only."""
+    if end <= start:
+        return LoadChoice(load_end=start)
+    ct = chunk_tokens
+    first, last = start // ct, -(-end // ct)
+
+    def tier(c: int) -> str:
+        t = chunk_tier[c]
+        return t if t in TIERS else "ram"
+
+    counts: dict[str, int] = {}
+    best_end, best_gain = start, 0.0
+    full_load = 0.0
+    for c in range(first, last):
+        t = tier(c)
+        counts[t] = counts.get(t, 0) + 1
+        stop = min(end, (c + 1) * ct)
+        load_s = model.load_seconds(counts)
+        gain = model.recompute_seconds(stop - start) - load_s
+        full_load = load_s
+        if gain > best_gain:
+            best_end, best_gain = stop, gain
+    recompute_s = model.recompute_seconds(end - start)
+    if policy == "always":
+        best_end, reason = end, ""
+    elif policy == "never":
+        best_end, reason = start, "policy"
+    else:
+        reason = "slower" if best_end < end else ""
+    out = LoadChoice(load_end=best_end, reason=reason, load_s=full_load, recompute_s=recompute_s)
+    for c in range(first, last):
+        lo, hi = max(start, c * ct, best_end), min(end, (c + 1) * ct)
+        if hi <= lo:
+            continue
+        t = tier(c)
+        out.skipped[t] = out.skipped.get(t, 0) + hi - lo
+        if t != "ram" and reason == "slower":
+            out.prewarm.append(c)
+    return out
+
+
+def parse_policy(text: str | None) -> str | None:
+    """``INFERA_KVD_LOAD_POLICY``: the policy, or None when the value is not one of :data:`POLICIES`."""
+    value = (text or DEFAULT_POLICY).strip().lower() or DEFAULT_POLICY
+    return value if value in POLICIES else None
+
+
+def parse_rates(text: str | None) -> tuple[dict[str, float], float | None] | str:
+    """``INFERA_KVD_LOAD_RATES``: ``ram=GB/s,disk=GB/s,distributed=GB/s,prefill=tokens/s``
+    (any subset) as (load GB/s by tier, prefill tokens/s or None); a message when malformed."""
+    gbps: dict[str, float] = {}
+    prefill: float | None = None
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        name = name.strip().lower()
+        try:
+            number = float(value)
+        except ValueError:
+            number = float("nan")
+        if not sep or not (number > 0 and math.isfinite(number)):
+            return f"entry {item!r} is not name=positive number"
+        if name == "prefill":
+            prefill = number
+        elif name in TIERS:
+            gbps[name] = number
+        else:
+            return f"entry {item!r}: {name!r} is not one of {', '.join((*TIERS, 'prefill'))}"
+    return gbps, prefill

@@ -1,0 +1,75 @@
+"""A chunk of the RAM tier and its policy state (retention class, leases, pins, holds, where
+it sits in the eviction queues); the index that holds them is :mod:`infera.kvd.store`."""
+
+from __future__ import annotations
+
+from infera.kvd.keyspace import key_of, ns_id_of
+from infera.kvd.protocol import RETENTION_CODE, RETENTIONS
+
+NONE, EPHEMERAL, SHORT, LONG = (RETENTION_CODE[r] for r in RETENTIONS)
+EVICTION_ORDER = (EPHEMERAL, SHORT, LONG)
+# Chunk.parked: where a sealed, indexed chunk sits (see the module docstring)
+IN_LRU, BUSY, HELD = 0, 1, 2  # eviction candidate / set aside leased or pinned / set aside held
+GONE = 3  # no longer indexed (deleted, overwritten, evicted, expired)
+COMPACT_MIN = 1024  # stale queue entries tolerated before a compaction is considered
+
+
+class Chunk:
+    """One chunk: a region of the arena plus its policy state."""
+
+    __slots__ = (
+        "expires",
+        "hold_until",
+        "ikey",
+        "last_access",
+        "leases",
+        "length",
+        "offset",
+        "on_long",
+        "parked",
+        "pins",
+        "queued",
+        "ref",
+        "retention",
+        "sealed",
+        "zombie",
+    )
+
+    def __init__(self, ikey: bytes, offset: int, length: int, retention: int) -> None:
+        self.ikey = ikey
+        self.offset = offset
+        self.length = length
+        self.retention = retention
+        self.sealed = False
+        self.zombie = False
+        self.leases = 0
+        self.pins = 0  # internal holds (e.g. a long-tier write reading the bytes)
+        self.hold_until = 0.0
+        self.expires = 0.0
+        self.last_access = 0.0
+        self.on_long = False
+        self.parked = IN_LRU
+        self.queued = 0  # entries of this chunk in its class's eviction deque (the last is live)
+        self.ref = False  # accessed since it was queued: the victim scan gives it a second chance
+
+    @property
+    def ns_id(self) -> int:
+        return ns_id_of(self.ikey)
+
+    @property
+    def key(self) -> bytes:
+        return key_of(self.ikey)
+
+    def evictable(self, now: float) -> bool:
+        return self.leases == 0 and self.pins == 0 and self.hold_until <= now
+
+
+class ReserveResult:
+    __slots__ = ("chunk", "error")
+
+    def __init__(self, chunk: Chunk | None, error: str | None = None) -> None:
+        self.chunk = chunk
+        self.error = error
+
+
+_FULL = ReserveResult(None, "full")  # shared: refusals carry no state

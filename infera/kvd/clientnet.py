@@ -1,0 +1,172 @@
+"""Connecting to a kvd daemon one can trust, and the errors a client raises.
+
+What the client verifies before it trusts a daemon (one ``getsockopt`` and one ``fstat`` plus one
+``fcntl`` on top of the connect and HELLO round trip):
+
+* **who listens** (``SO_PEERCRED``, right after connect, before any byte is sent): the listener's
+  uid must be this process's own uid, root, or one of ``trust_uids=`` / ``$INFERA_KVD_TRUST_UID``
+  (comma-separated uids or user names). Anything else is :class:`KvdUntrusted`: another local
+  user's socket at a predictable path would otherwise receive every stored chunk and feed back
+  bytes of its choosing.
+* **the arena** passed at HELLO: a memfd whose size is sealed (``F_SEAL_SHRINK | F_SEAL_GROW``,
+  read with ``F_GET_SEALS``), at least as large as the announced ``arena_size``, and mappable.
+  An unsealed descriptor could be shrunk under the mapping (SIGBUS on the next access); only a
+  fake or outdated daemon sends one. Any failure is :class:`KvdArenaError`.
+* **a full accept queue** is not a failure: a connect refused with EAGAIN (hundreds of engines
+  connecting in one busy second, or a daemon paused for a moment) is retried with a short
+  backoff until ``timeout``. ECONNREFUSED (nobody listens) fails at once.
+
+It does not check the bytes a trusted daemon serves: every client the daemon serves can write
+the whole arena (docs/daemon.md, "Security model").
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from infera.errors import KvdError
+from infera.kvd.protocol import peer_cred
+
+
+class KvdClientError(KvdError):
+    """Base of every error the client raises."""
+
+
+class KvdUnavailable(KvdClientError):
+    """The daemon cannot be reached (not running, wrong socket, connection lost)."""
+
+
+class KvdRefused(KvdClientError):
+    """The daemon refused this process (its uid is not allowed)."""
+
+
+class KvdProtocolError(KvdClientError):
+    """The daemon answered with something this client does not understand, or a typed error."""
+
+    def __init__(self, message: str, code: str = "bad_request", hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.code = code
+
+
+class KvdFull(KvdClientError):
+    """The arena cannot hold the chunk even after evicting everything evictable."""
+
+
+class KvdUnsupported(KvdProtocolError):
+    """The daemon does not offer this feature in its current configuration."""
+
+
+class KvdUntrusted(KvdClientError):
+    """The process listening on the socket runs as a uid this client does not trust."""
+
+
+class KvdArenaError(KvdClientError):
+    """The arena descriptor the daemon passed at HELLO is unusable (unsealed, short, unmappable)."""
+
+
+TRUST_ENV = "INFERA_KVD_TRUST_UID"
+CONNECT_BACKOFF_MAX_S = 0.05  # longest pause between two connect attempts on a full accept queue
+
+
+def env_trust_uids() -> set[int]:
+    """``$INFERA_KVD_TRUST_UID``: uids or user names, comma-separated (read at each connect)."""
+    raw = os.environ.get(TRUST_ENV, "")
+    uids: set[int] = set()
+    for item in raw.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if item.isdigit():
+            uids.add(int(item))
+            continue
+        import pwd
+
+        try:
+            uids.add(pwd.getpwnam(item).pw_uid)
+        except KeyError:
+            raise KvdClientError(
+                f"{TRUST_ENV}: {item!r} is not a uid or a user name", hint=f"e.g. {TRUST_ENV}=0,1001"
+            ) from None
+    return uids
+
+
+def connect(path: str, timeout: float | None) -> socket.socket:
+    """Connect, retrying while the daemon's accept queue is full (EAGAIN) until ``timeout``.
+
+    A Unix socket refuses a connect at once with EAGAIN when the listener's backlog is full,
+    however long the timeout: a busy second (hundreds of engines starting together) or a daemon
+    paused for a moment would fail them all. ECONNREFUSED means nobody listens: no retry."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+            return sock
+        except BlockingIOError:  # EAGAIN: the accept queue is full
+            sock.close()
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise KvdUnavailable(
+                    f"kvd at {path} did not accept the connection in time (its accept queue stayed full)",
+                    hint="the daemon is overloaded or stopped; `kvd stat --socket PATH` checks",
+                ) from None
+            time.sleep(pause if left is None else min(pause, left))
+            pause = min(pause * 2, CONNECT_BACKOFF_MAX_S)
+        except FileNotFoundError:
+            sock.close()
+            raise KvdUnavailable(
+                f"no kvd daemon at {path} (socket file not found)",
+                hint="start one with `kvd serve --socket PATH`, or set INFERA_KVD_SOCKET",
+            ) from None
+        except OSError as exc:
+            sock.close()
+            raise KvdUnavailable(
+                f"cannot connect to kvd at {path}: {exc.strerror or exc}",
+                hint="is the daemon running? `kvd stat --socket PATH` checks",
+            ) from None
+
+
+def check_peer(sock: socket.socket, path: str, trust_uids: Iterable[int] | None) -> None:
+    """Refuse a listener run by an untrusted uid, before any byte is sent to it.
+
+    Trusted: this process's own uid, root, ``trust_uids`` and ``$INFERA_KVD_TRUST_UID``. Anyone
+    else could have put a fake daemon at a predictable path: it would receive every chunk this
+    client stores and feed it bytes of its choosing."""
+    _pid, uid, _gid = peer_cred(sock)
+    if uid in (0, os.geteuid(), os.getuid()):
+        return
+    if trust_uids is not None and uid in set(trust_uids):
+        return
+    if uid in env_trust_uids():
+        return
+    raise KvdUntrusted(
+        f"the process listening on {path} runs as uid {uid}, which this client does not trust",
+        hint=f"if that uid runs your kvd daemon, set {TRUST_ENV}={uid} (or pass trust_uids); "
+        "otherwise someone else put a socket there",
+    )
+
+
+def default_spin() -> float:
+    """Seconds a client polls for a reply before blocking: ``$INFERA_KVD_SPIN_US`` (default 0: off)."""
+    try:
+        return max(0, min(int(os.environ.get("INFERA_KVD_SPIN_US", "0")), 100_000)) / 1e6
+    except ValueError:
+        return 0.0
+
+
+def error_of(reply: dict[str, Any]) -> KvdClientError:
+    code = reply.get("error", "internal")
+    message = reply.get("message", code)
+    if code == "refused":
+        return KvdRefused(message, hint="start the daemon with --allow-uid for this user")
+    if code in ("full", "too_large"):
+        return KvdFull(message)
+    if code == "unsupported":
+        return KvdUnsupported(message, code)
+    return KvdProtocolError(message, code)

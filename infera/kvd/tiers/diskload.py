@@ -1,0 +1,125 @@
+"""The disk tier's index at start and at a clean stop (a mixin of :class:`~.disk.DiskTier`).
+
+At start one thread restores the index (:func:`.diskindex.restore`: the snapshot of the last clean
+stop if it is usable, else the scan of every file) and hands it to the loop in batches. At a clean
+stop, once no write can land any more, the index is written as the next start's snapshot.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from infera.kvd.tiers import diskindex
+from infera.units import format_size
+
+if TYPE_CHECKING:
+    from infera.kvd.tiers.base import TierHost
+    from infera.kvd.tiers.pipeline import WriteThrough
+    from infera.kvd.tiers.promotions import Promotions
+
+log = logging.getLogger("infera.kvd.disk")
+
+MERGE_BATCH = 4096
+
+
+class LoadMixin:
+    host: TierHost
+    root: str
+    root_fd: int
+    capacity: int
+    index: OrderedDict[bytes, int]
+    bytes_used: int
+    loading: bool
+    index_load_s: float | None
+    c: dict[str, int]
+    writes: WriteThrough
+    reads: Promotions
+    _deleted_while_loading: set[bytes]
+    _young_temps: list[str]
+    _load_started: float
+    # provided by DiskTier (annotations only)
+    _busy: Callable[[bytes], tuple[bool, bool]]
+    _make_room: Callable[[int], None]
+    fail: Callable[[str, str], None]
+
+    index_source: str | None = None  # "snapshot" or "scan" once loaded
+    index_detail: str = ""
+
+    def _load(self) -> None:
+        delay = os.environ.get("INFERA_KVD_TEST_LOAD_DELAY_S")  # lets tests observe "loading"
+        if delay:
+            time.sleep(float(delay))
+        loaded = diskindex.restore(self.root, self.root_fd)
+        entries = loaded.entries  # oldest first; each batch goes to the LRU front, newest first
+        for i in range(len(entries), 0, -MERGE_BATCH):
+            self.host.call_soon(functools.partial(self._merge, entries[max(0, i - MERGE_BATCH) : i]))
+        self.host.call_soon(lambda: self._loaded(loaded))
+
+    def _merge(self, batch: list[tuple[bytes, int]]) -> None:
+        index = self.index
+        skip = self._deleted_while_loading
+        writing = self.writes.jobs
+        for fkey, size in reversed(batch):
+            if fkey in index or fkey in skip or (writing and self._busy(fkey)[1]):
+                continue
+            index[fkey] = size
+            index.move_to_end(fkey, last=False)
+            self.bytes_used += size
+
+    def _loaded(self, loaded: diskindex.Loaded) -> None:
+        result = loaded.result
+        self.loading = False
+        self.index_load_s = round(time.monotonic() - self._load_started, 3)
+        self.index_source, self.index_detail = loaded.source, loaded.detail
+        self._deleted_while_loading.clear()
+        self.c["files_other_version"] += result.other_version
+        self.c["files_ignored"] += result.ignored
+        self.c["quarantined"] += result.quarantined
+        self.c["stale_temp_removed"] += result.stale_temps
+        self._young_temps = result.young_temps
+        for problem in result.unreadable:
+            self.fail("scan", f"cannot read {problem}")
+        for what, outcome in result.corrupt:
+            self.reads.corrupt(what, outcome)
+        if result.ignored:
+            log.warning("disk tier: %d links, directories or FIFOs under chunk names ignored", result.ignored)
+        self._make_room(0)
+        other = result.other_version
+        how = (
+            f"index adopted from snapshot, {len(loaded.entries)} chunks ({loaded.detail})"
+            if loaded.source == "snapshot"
+            else f"scanned {len(result.entries)} files ({loaded.detail})"
+        )
+        log.info(
+            "disk tier %s: %s; %d chunk files, %s of %s, indexed in %.3fs%s",
+            *(self.root, how, len(self.index), format_size(self.bytes_used), format_size(self.capacity)),
+            self.index_load_s,
+            f"; {other} files of another format version left alone" if other else "",
+        )
+
+    def save_index(self, writes_stopped: bool) -> None:
+        """A clean stop, after the last write: the index as the next start's snapshot. Not when
+        the index is incomplete (still loading) or a write may still land."""
+        if self.loading or not writes_stopped:
+            why = "the index was still loading" if self.loading else "writes were still running"
+            log.warning("disk tier: clean stop: no index snapshot written (%s); the next start scans", why)
+            return
+        t = time.monotonic()
+        try:
+            size = diskindex.write(self.root_fd, self.index.items(), len(self.index))
+        except OSError as exc:
+            log.warning("disk tier: clean stop: cannot write the index snapshot: %s", exc.strerror or exc)
+            return
+        log.info(
+            "disk tier: clean stop: index snapshot of %d chunks written (%s, %.3fs)",
+            *(len(self.index), format_size(size), time.monotonic() - t),
+        )
+
+
+__all__ = ["MERGE_BATCH", "LoadMixin"]

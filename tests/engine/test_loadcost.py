@@ -1,0 +1,211 @@
+"""Cost-aware loading without vLLM: the decision with injected rates, the rates learned from
+timings, the policy's counters and prewarm, and the environment switch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from infera.engine.vllm.config import read_env
+from infera.engine.vllm.scheduler.loadcost import CostModel, choose_load, parse_rates
+from infera.engine.vllm.scheduler.policy import LoadPolicy
+from infera.engine.vllm.worker.timing import KvdWorkerMeta, Timings
+from infera.errors import UsageError
+
+CT = 256
+MIB = 1 << 20
+# an 8B model's chunk: 128 KiB per token, 32 MiB per 256-token chunk
+CHUNK = 32 * MIB
+
+
+def model(
+    ram: float = 50.0, disk: float = 1.5, prefill: float = 30_000.0, fixed: float = 0.5e-3
+) -> CostModel:
+    return CostModel(
+        chunk_bytes=CHUNK,
+        gbps={"ram": ram, "disk": disk, "distributed": 1.0},
+        prefill_tps=prefill,
+        load_fixed_s=fixed,
+    )
+
+
+def test_a_fast_ram_hit_is_loaded_whole() -> None:
+    got = choose_load("auto", 0, 16 * 1024, CT, ["ram"] * 64, model())
+    assert got.load_end == 16 * 1024
+    assert got.skipped == {} and got.prewarm == [] and got.reason == ""
+    assert got.load_s < got.recompute_s
+
+
+def test_a_slow_disk_hit_is_recomputed_and_prewarmed() -> None:
+    # 64 chunks of 32 MiB at 1.5 GB/s: ~1.4 s against ~0.55 s of prefill
+    got = choose_load("auto", 0, 16 * 1024, CT, ["disk"] * 64, model())
+    assert got.load_end == 0
+    assert got.reason == "slower"
+    assert got.skipped == {"disk": 16 * 1024}
+    assert got.prewarm == list(range(64))
+    assert got.load_s > got.recompute_s
+
+
+def test_a_fast_disk_hit_is_loaded() -> None:
+    got = choose_load("auto", 0, 16 * 1024, CT, ["disk"] * 64, model(disk=20.0))
+    assert got.load_end == 16 * 1024 and not got.prewarm
+
+
+def test_ram_head_loads_and_slow_disk_tail_is_recomputed() -> None:
+    tiers = ["ram"] * 8 + ["disk"] * 8
+    got = choose_load("auto", 0, 16 * CT, CT, tiers, model())
+    assert got.load_end == 8 * CT
+    assert got.skipped == {"disk": 8 * CT}
+    assert got.prewarm == list(range(8, 16))
+
+
+def test_a_short_hit_with_a_costly_load_setup_is_recomputed() -> None:
+    # one chunk: 256 tokens recompute in ~8.5 ms; a load that costs 20 ms to set up is slower
+    got = choose_load("auto", 0, CT, CT, ["ram"], model(fixed=20e-3))
+    assert got.load_end == 0 and got.skipped == {"ram": CT}
+    assert got.prewarm == []  # a RAM chunk needs no promotion
+
+
+def test_hit_starting_and_ending_inside_chunks() -> None:
+    # the engine has 100 tokens itself; the hit ends 32 tokens into chunk 3
+    got = choose_load("auto", 100, 3 * CT + 32, CT, {0: "ram", 1: "ram", 2: "disk", 3: "disk"}, model())
+    assert got.load_end == 2 * CT  # the RAM chunks, not the slow disk ones
+    assert got.skipped == {"disk": CT + 32}
+    assert got.prewarm == [2, 3]
+
+
+@pytest.mark.parametrize(("policy", "end", "reason"), [("always", 64 * CT, ""), ("never", 0, "policy")])
+def test_forced_policies_ignore_the_rates(policy: str, end: int, reason: str) -> None:
+    got = choose_load(policy, 0, 64 * CT, CT, ["disk"] * 64, model(disk=0.01))
+    assert got.load_end == end and got.reason == reason
+    assert got.prewarm == []  # only a judged-slower long-tier hit is promoted
+    assert sum(got.skipped.values()) == 64 * CT - end
+
+
+def test_defaults_until_measured_then_measurements() -> None:
+    m = model(ram=20.0)
+    assert m.ram_per_chunk() == pytest.approx(CHUNK / 20e9)
+    for _ in range(20):  # loads of 8 chunks that take 8 ms: 1 ms per chunk after the fixed part
+        m.observe_load(8, {}, 8e-3 + m.load_fixed_s)
+    assert m.ram_per_chunk() == pytest.approx(1e-3, rel=0.01)
+    for _ in range(20):  # disk loads of 4 chunks, 4 of them from disk, 44 ms: 10 ms extra each
+        m.observe_load(4, {"disk": 4}, m.load_fixed_s + 4e-3 + 40e-3)
+    assert m.long_per_chunk("disk") == pytest.approx(10e-3, rel=0.01)
+    assert m.long_per_chunk("distributed") == pytest.approx(CHUNK / 1e9)  # not measured: default
+    assert m.samples == {"ram": 20, "disk": 20}
+
+
+def test_recompute_is_the_marginal_cost_of_tokens_by_step_size() -> None:
+    m = model(prefill=1000.0)
+    assert m.recompute_seconds(1000) == pytest.approx(1.0)  # the default
+    for _ in range(30):
+        m.observe_step(1, 10e-3)  # decode: the fixed cost of a step
+        m.observe_step(1024, 10e-3 + 1024 * 5e-6)  # 5 us per token at 1k
+        m.observe_step(8192, 10e-3 + 8192 * 20e-6)  # 20 us per token at 8k
+    assert m.token_seconds(1000) == pytest.approx(5e-6, rel=0.01)
+    assert m.token_seconds(16_384) == pytest.approx(20e-6, rel=0.01)  # beyond: the largest bucket
+    # so a 1k RAM hit whose load costs 8 ms is recomputed (5 ms), a 8k one is loaded
+    m.ram_chunk_s, m.load_fixed_s = 2e-3, 0.0
+    assert choose_load("auto", 0, 1024, CT, ["ram"] * 4, m).load_end == 0
+    assert choose_load("auto", 0, 8192, CT, ["ram"] * 32, m).load_end == 8192
+
+
+class FakeLink:
+    """Records PREWARM calls; ``down`` makes it act as an unreachable daemon."""
+
+    def __init__(self, down: bool = False) -> None:
+        self.prewarmed: list[bytes] = []
+        self.down = down
+
+    def call(self, fn: Any) -> Any:
+        from infera.kvd.client import KvdUnavailable
+
+        if self.down:
+            raise KvdUnavailable("no daemon")
+        return fn(self)
+
+    def prewarm_rate(self, keys: list[bytes]) -> tuple[int, float | None]:
+        self.prewarmed += keys
+        return len(keys), None
+
+
+def test_policy_counts_every_skip_by_tier_and_reason() -> None:
+    counters: dict[str, int] = {}
+    auto = LoadPolicy("auto", model(), counters)
+    auto.cut(0, 16 * CT, CT, set(range(8, 16)), "disk")
+    assert counters["load_skipped_slower_tokens_disk"] == 8 * CT
+    assert counters["load_skipped_slower_tokens_ram"] == 0
+    assert counters["load_partial_requests"] == 1 and counters["load_skipped_requests"] == 1
+    never = LoadPolicy("never", model(), counters)
+    never.cut(0, 4 * CT, CT, set(), "disk")
+    assert counters["load_skipped_policy_tokens"] == 4 * CT
+    assert counters["load_cost_checks"] == 2
+    assert auto.report()["load_policy_auto"] == 1
+
+
+def test_prewarm_asks_for_every_key_of_the_skipped_chunks() -> None:
+    counters: dict[str, int] = {}
+    policy = LoadPolicy("auto", model(), counters)
+    keys = [bytes([i]) * 16 for i in range(6)]
+    link = FakeLink()
+    policy.prewarm(link, keys, [2, 2, 2], [1, 2], "disk")  # two keys per chunk (two ranks)
+    assert link.prewarmed == keys[2:]
+    assert counters["prewarm_chunks"] == 2
+    policy.prewarm(FakeLink(down=True), keys, [2, 2, 2], [0], "disk")
+    assert counters["prewarm_errors"] == 1 and counters["prewarm_chunks"] == 2
+
+
+def test_worker_timings_reach_the_cost_model() -> None:
+    t = Timings()
+    t.chunk_bytes = CHUNK
+    t.step_started(2048)
+    t.step_ended()
+    t.load_done(4, 1, 0.02)
+    a = t.take()
+    assert a is not None and t.take() is None  # taken once
+    other = KvdWorkerMeta(loads=[(4, 1, 0.03)], steps=[], chunk_bytes=CHUNK)
+    both = a.aggregate(other)  # two TP ranks
+    assert len(both.loads) == 2 and len(both.steps) == 1
+    counters: dict[str, int] = {}
+    costs = CostModel(chunk_bytes=1)
+    LoadPolicy("auto", costs, counters).observe(both, "disk")
+    assert costs.chunk_bytes == CHUNK
+    assert counters["timing_load_samples"] == 2 and counters["timing_step_samples"] == 1
+    assert costs.samples["disk"] == 2 and costs.samples["prefill"] == 1
+
+
+def test_the_environment_switch() -> None:
+    assert read_env({}).load_policy == "always"  # auto is opt-in (docs/connector.md)
+    assert read_env({"INFERA_KVD_LOAD_POLICY": "auto"}).load_policy == "auto"
+    env = read_env({"INFERA_KVD_LOAD_POLICY": " Never ", "INFERA_KVD_LOAD_RATES": "disk=0.5,prefill=9000"})
+    assert env.load_policy == "never"
+    assert env.load_gbps == {"disk": 0.5} and env.prefill_tps == 9000
+    with pytest.raises(UsageError, match="INFERA_KVD_LOAD_POLICY"):
+        read_env({"INFERA_KVD_LOAD_POLICY": "sometimes"})
+    with pytest.raises(UsageError, match="INFERA_KVD_LOAD_RATES"):
+        read_env({"INFERA_KVD_LOAD_RATES": "tape=1"})
+    assert isinstance(parse_rates("ram=-1"), str)
+    assert isinstance(parse_rates("ram"), str)
+
+
+def test_kvd_stat_and_top_show_the_skips() -> None:
+    from infera import loadreport
+    from infera.kvd.statctl import render_text
+    from infera.tui.panels import warning_lines
+
+    counters: dict[str, Any] = {}
+    policy = LoadPolicy("auto", model(), counters)
+    policy.cut(0, 3 * CT, CT, {0, 1, 2}, "disk")
+    policy.prewarm(FakeLink(), [b"k" * 16] * 3, [1, 1, 1], [0, 1, 2], "disk")
+    counters.update(policy.report())
+    line = loadreport.summary(counters)
+    assert line is not None
+    assert "load policy auto" in line and "768 disk" in line and "3 chunks prewarmed" in line
+    assert loadreport.summary({"load_chunks": 3}) is None  # a worker: no policy line
+    sched = {"pid": 7, "name": "vllm:m", "role": "vllm-scheduler", "counters": counters}
+    stats = {"clients": [sched, {"pid": 8, "role": "vllm-worker-0", "counters": {"load_chunks": 1}}]}
+    assert line in render_text(stats)
+    assert any(line in w for w in warning_lines(stats))
+    counters[loadreport.SLOWER + "disk"] = 0
+    assert not warning_lines(stats)  # nothing recomputed: no warning
