@@ -307,6 +307,9 @@ REPLY_DEADLINE_S = 2.0
 PARKED = 10  # connections parked just short of a full frame (960 MB for 60 of them once)
 PARKED_BODY = P.MAX_FRAME - 64
 BUFFERED_MAX = 32 * MiB  # partial frames the daemon holds for all connections together
+# What holding them may cost: the budget and some slack for one read. With glibc's moving mmap
+# threshold (before the daemon pinned it) the same run measured a 48 to 65 MiB peak.
+PARKED_PEAK_MAX = BUFFERED_MAX + 8 * MiB
 
 
 def test_a_frame_of_empty_arrays_is_refused_cheaply(daemon: Daemon) -> None:
@@ -350,6 +353,6 @@ def test_parked_partial_frames_share_one_input_budget(daemon: Daemon) -> None:
             s.close()
         wait_rounds(probe)
     probe.assert_healthy()
-    assert grown < RSS_GROWTH_MAX, f"parked frames grew the daemon's peak by {grown / MiB:.0f} MiB"
+    assert grown < PARKED_PEAK_MAX, f"parked frames grew the daemon's peak by {grown / MiB:.0f} MiB"
     assert st["input_budget_drops_total"] >= PARKED - 2
     assert st["input_buffered_bytes"] <= BUFFERED_MAX
