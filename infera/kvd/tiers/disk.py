@@ -68,7 +68,8 @@ class DiskTier(AdoptMixin, LoadMixin):
         self.index: OrderedDict[bytes, int] = OrderedDict()  # fkey -> file size, LRU first
         self.bytes_used = 0
         self.ns = store.ns  # the namespace table: id -> Namespace, fkey <-> ikey
-        self._failing: dict[str, str] = {}  # condition -> first message, logged once
+        # condition -> when it was first seen (time.monotonic()); logged once until a recovery
+        self._failing: dict[str, float] = {}
         self._deleted_while_loading: set[bytes] = set()
         self._young_temps: list[str] = []
         self._test_write_delay = _env("INFERA_KVD_TEST_WRITE_DELAY_S")  # a slow disk on demand
@@ -181,7 +182,7 @@ class DiskTier(AdoptMixin, LoadMixin):
         self._put(job.where, job.size)
         self.c["bytes_written"] += job.size
         self.c["files_written"] += 1
-        self._recovered()
+        self._recovered(job.started)
         self._make_room(0)
 
     def failed(self, job: WriteJob, err: Exception) -> None:
@@ -193,12 +194,15 @@ class DiskTier(AdoptMixin, LoadMixin):
     def fail(self, condition: str, message: str) -> None:
         self.last_error = message
         if condition not in self._failing:
-            self._failing[condition] = message
+            self._failing[condition] = time.monotonic()
             log.error("disk tier: %s (further %s errors are counted, not logged)", message, condition)
 
-    def _recovered(self) -> None:
-        """A write succeeded: write conditions are over (logged, so a relapse is logged again)."""
-        write_conditions = [c for c in self._failing if c.startswith("write-")]
+    def _recovered(self, started: float) -> None:
+        """A write that began at ``started`` succeeded: the write conditions first seen before it
+        began are over (logged, so a relapse is logged again). A write that was already under way
+        when a condition appeared says nothing about it: with several writer lanes, one that
+        started before the disk filled may land after another failed."""
+        write_conditions = [c for c, t in self._failing.items() if c.startswith("write-") and t < started]
         if write_conditions:
             log.warning("disk tier: writes succeed again after %s", ", ".join(write_conditions))
             for c in write_conditions:

@@ -84,7 +84,7 @@ class Workers:
 class WriteJob:
     """One write of a sealed chunk to ``where`` (the chunk is pinned while the job is queued)."""
 
-    __slots__ = ("cancelled", "chunk", "elapsed", "ns", "replace", "retry", "skipped", "where")
+    __slots__ = ("cancelled", "chunk", "elapsed", "ns", "replace", "retry", "skipped", "started", "where")
 
     def __init__(self, chunk: Chunk, ns: Namespace, where: Any, retry: bool) -> None:
         self.chunk = chunk
@@ -94,6 +94,7 @@ class WriteJob:
         self.replace = False  # an older value of this key may be stored: replace it
         self.cancelled = False
         self.skipped = False
+        self.started = 0.0  # time.monotonic() when the writer thread began it
         self.elapsed = 0.0  # seconds the write took (set by the writer thread)
 
     @property
@@ -336,13 +337,13 @@ class WriteThrough(Stage):
         if job.cancelled or job.chunk.zombie or (self.stop_by and time.monotonic() > self.stop_by):
             job.skipped = True
         else:
-            t0 = time.monotonic()
+            job.started = time.monotonic()
             try:
                 err = self.backend.write(job)
             except Exception as exc:
                 self.log.exception("%s: write failed", self.label)
                 err = exc
-            job.elapsed = time.monotonic() - t0
+            job.elapsed = time.monotonic() - job.started
         self._done.put((job, err))  # in a queue, so that stop() finds what the loop did not see
         self.call_soon(self._drain)
 
