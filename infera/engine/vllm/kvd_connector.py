@@ -309,8 +309,10 @@ class InferaKvdConnector(KVConnectorBase_V1, SupportsHMA):
         labelnames: list[str],
         per_engine_labelvalues: dict[int, list[object]],
     ) -> Any:
-        from infera.engine.vllm.promstats import KvdPromMetrics
+        from infera.engine.vllm.promstats import KvdPromMetrics, tolerate_children_without_prom_metrics
 
+        # as a MultiConnector child next to MooncakeConnector (P/D), whose stats have no metrics
+        tolerate_children_without_prom_metrics()
         return KvdPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int) -> dict[Any, int]:

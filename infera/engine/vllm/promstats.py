@@ -196,3 +196,38 @@ class KvdPromMetrics(KVConnectorPromMetrics):
 
 
 __all__ = ["METRIC_NAMES", "KvdPromMetrics"]
+
+
+def tolerate_children_without_prom_metrics() -> bool:
+    """Make vLLM's ``MultiConnector`` Prometheus metrics skip a child that reports transfer stats
+    but has no Prometheus metrics, instead of failing an assertion.
+
+    vLLM (0.26 and 0.32, the releases we read) builds ``MultiKVConnectorPromMetrics`` from the
+    children whose class returns metrics from ``build_prom_metrics`` (ours does), and its
+    ``observe`` asserts that every child in a stats report is among them. ``MooncakeConnector`` reports transfer stats and has no
+    Prometheus metrics, so a prefill leg with ``MultiConnector`` [``InferaKvdConnector``,
+    ``MooncakeConnector``] lost its engine at the first Mooncake transfer (the API server's
+    output handler raised ``AssertionError: MooncakeConnector is not contained in the list of
+    registered connectors with Prometheus metrics support``; seen on an H200 with vLLM 0.26.0).
+    The other children's stats still reach the log line ``KV Transfer metrics``.
+
+    Called from ``InferaKvdConnector.build_prom_metrics``, which runs in the process that
+    observes (the API server) before any stats arrive. Returns whether it patched now."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1 import multi_connector
+    except ImportError:
+        return False
+    cls = getattr(multi_connector, "MultiKVConnectorPromMetrics", None)
+    original = getattr(cls, "observe", None)
+    if cls is None or original is None or getattr(original, "_infera_tolerant", False):
+        return False
+
+    def observe(self: Any, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        known = getattr(self, "_prom_metrics", None) or {}
+        kept = {cid: data for cid, data in transfer_stats_data.items() if cid in known}
+        if kept:
+            original(self, kept, engine_idx)
+
+    observe._infera_tolerant = True  # type: ignore[attr-defined]
+    cls.observe = observe
+    return True
