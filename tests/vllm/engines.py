@@ -105,8 +105,8 @@ def engine_env(socket: str | None, **extra: str) -> dict[str, str]:
         env["PYTHONHASHSEED"] = "0"
     if socket is not None:
         env["INFERA_KVD_SOCKET"] = socket
-    # These tests check that loads are exact, so every hit is loaded; the cost-aware policy
-    # (auto, the default) has its own tests (test_load_policy.py), which set it explicitly.
+    # These tests check that loads are exact, so every hit is loaded (always, also the default);
+    # the cost-aware policy (auto, opt-in) has its own tests (test_load_policy.py).
     env["INFERA_KVD_LOAD_POLICY"] = "always"
     env.update(extra)
     return env
