@@ -14,7 +14,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from infera.bench.services import free_port
+from infera.kvd.arena import Arena
+from infera.kvd.config import build_config
 from infera.kvd.process import DaemonProcess, wait_until
+from infera.kvd.store import Store
+from infera.kvd.tiers.base import Host
+from infera.kvd.tiers.disk import DiskTier
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -23,7 +28,36 @@ REPO = Path(__file__).resolve().parent.parent
 # ``start_daemon`` and ``daemon`` hand out instances of it.
 Daemon = DaemonProcess
 
-__all__ = ["REPO", "Daemon", "free_port", "in_pty", "pty_quit", "pty_read_until", "seconds_until"]
+__all__ = [
+    "REPO",
+    "Daemon",
+    "disk_tier_in_process",
+    "free_port",
+    "in_pty",
+    "pty_quit",
+    "pty_read_until",
+    "seconds_until",
+]
+
+
+@contextlib.contextmanager
+def disk_tier_in_process(tmp_path: Path) -> Iterator[tuple[Store, DiskTier]]:
+    """A real 1 MiB store and a real 1 MiB disk tier under ``tmp_path``, in this process and with
+    no loop (``call_soon`` does nothing): for driving the tier's methods in a chosen order."""
+    cfg = build_config(
+        socket=str(tmp_path / "s.sock"),
+        max_bytes="1M",
+        long_backend="disk",
+        long_path=str(tmp_path / "long"),
+        long_bytes="1M",
+    )
+    store, arena = Store(1 << 20), Arena(1 << 20)
+    tier = DiskTier(cfg, Host(store, arena, lambda fn: None))
+    try:
+        yield store, tier
+    finally:
+        tier.close()
+        arena.close()
 
 
 def seconds_until(pred: Callable[[], object], timeout: float, what: str, poll_s: float = 0.01) -> float:

@@ -13,17 +13,15 @@ from typing import Any, cast
 
 import pytest
 
+from helpers import disk_tier_in_process
 from infera.kvd import chunkfile as cf
 from infera.kvd import keyspace as ks
 from infera.kvd import namespaces
-from infera.kvd.arena import ALIGN, Arena
-from infera.kvd.config import build_config
+from infera.kvd.arena import ALIGN
 from infera.kvd.namespaces import NamespaceTable
 from infera.kvd.ops import Ops
 from infera.kvd.store import LONG, Store
 from infera.kvd.tiers import diskfs
-from infera.kvd.tiers.base import Host
-from infera.kvd.tiers.disk import DiskTier
 from infera.kvd.tiers.lmcache import LMCacheTransport
 from infera.kvd.tiers.mooncake import MooncakeTransport
 
@@ -125,22 +123,10 @@ def test_a_freed_id_reused_for_another_namespace_gets_the_new_digest(
 
 
 def test_the_store_ops_and_tiers_share_one_namespace_table(tmp_path: Path) -> None:
-    cfg = build_config(
-        socket=str(tmp_path / "s.sock"),
-        max_bytes="1M",
-        long_backend="disk",
-        long_path=str(tmp_path / "long"),
-        long_bytes="1M",
-    )
-    store, arena = Store(1 << 20), Arena(1 << 20)
-    tier = DiskTier(cfg, Host(store, arena, lambda fn: None))
-    try:
+    with disk_tier_in_process(tmp_path) as (store, tier):
         assert tier.ns is store.ns and tier.writes.ns is store.ns and tier.reads.ns is store.ns
         nid = store.ns_id(TEXT)
         res = store.reserve(ks.ikey(nid, KEY), 10, LONG)
         assert res.chunk is not None
         assert tier.address(res.chunk, store.ns.of(res.chunk.ikey)) == PREFIX + KEY
         store.abort(res.chunk)
-    finally:
-        tier.close()
-        arena.close()

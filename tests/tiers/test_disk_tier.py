@@ -14,16 +14,12 @@ from typing import Any
 
 import pytest
 
-from helpers import Daemon
+from helpers import Daemon, disk_tier_in_process
 from infera.kvd import chunkfile as cf
 from infera.kvd import keyspace as ks
-from infera.kvd.arena import Arena
 from infera.kvd.client import KvdClient
-from infera.kvd.config import build_config
 from infera.kvd.process import wait_until
-from infera.kvd.store import LONG, Store
-from infera.kvd.tiers.base import Host
-from infera.kvd.tiers.disk import DiskTier
+from infera.kvd.store import LONG
 from infera.kvd.tiers.pipeline import WriteJob
 
 NS = "test-model|tp0"
@@ -206,26 +202,17 @@ def test_a_write_under_way_when_the_disk_filled_is_no_recovery(
     """Two writer lanes: a write that began before the disk filled may land after another write
     failed. That is no recovery, so ENOSPC stays logged once and the tier stays degraded; only a
     write begun after the failure ends the condition (the CI run that logged ENOSPC twice)."""
-    cfg = build_config(
-        socket=str(tmp_path / "s.sock"),
-        max_bytes="1M",
-        long_backend="disk",
-        long_path=str(tmp_path / "long"),
-        long_bytes="1M",
-    )
-    store, arena = Store(1 << 20), Arena(1 << 20)
-    tier = DiskTier(cfg, Host(store, arena, lambda fn: None))
-
-    def job(key: bytes, started: float) -> WriteJob:
-        res = store.reserve(ks.ikey(store.ns_id(NS), key), 100, LONG)
-        assert res.chunk is not None
-        ns = store.ns.of(res.chunk.ikey)
-        j = WriteJob(res.chunk, ns, tier.address(res.chunk, ns), retry=False)
-        j.started = started
-        return j
-
     enospc = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    try:
+    with disk_tier_in_process(tmp_path) as (store, tier):
+
+        def job(key: bytes, started: float) -> WriteJob:
+            res = store.reserve(ks.ikey(store.ns_id(NS), key), 100, LONG)
+            assert res.chunk is not None
+            ns = store.ns.of(res.chunk.ikey)
+            j = WriteJob(res.chunk, ns, tier.address(res.chunk, ns), retry=False)
+            j.started = started
+            return j
+
         tier.loading = False
         early = job(b"early", time.monotonic())  # began before the disk filled
         tier.failed(job(b"a", time.monotonic()), enospc)
@@ -237,9 +224,6 @@ def test_a_write_under_way_when_the_disk_filled_is_no_recovery(
         assert tier.state == "ready" and "succeed again" in caplog.text
         tier.failed(job(b"c", time.monotonic()), enospc)  # a relapse is logged again
         assert caplog.text.count("No space left") == 2
-    finally:
-        tier.close()
-        arena.close()
 
 
 def test_long_bytes_holds_after_restart(start_daemon: Callable[..., Daemon], root: Path) -> None:
