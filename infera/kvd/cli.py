@@ -41,8 +41,10 @@ def demo(
     chunk_size: str = typer.Option("1M", "--chunk-size", help="Size of each chunk."),
     keep_socket: bool = typer.Option(False, "--keep", help="Leave the daemon running at the end."),
 ) -> None:
-    """Start a daemon on a temporary socket, write and read synthetic KV chunks from a second
-    process, and show what happened."""
+    """A daemon on a temporary socket: write synthetic KV chunks, read them from another process.
+
+    Then the daemon restarts (RAM gone, disk tier kept), a new reader gets the same chunks from
+    disk, and the daemon's counters are shown."""
     from infera.clikit import run_guarded
     from infera.kvd.demo import run_demo
 
