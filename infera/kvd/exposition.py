@@ -163,6 +163,10 @@ METRICS: dict[str, tuple[str, str]] = {
         "Clients dropped because partial frames of all clients passed 32 MiB",
     ),
     "replies_too_large_total": ("counter", "Replies over the frame cap, answered with a too_large error"),
+    "busy_poll_yielded_total": (
+        "counter",
+        "Poll-window turns the loop slept instead: no CPU to spare on the host",
+    ),
     "namespace_ids_freed_total": ("counter", "Namespace ids freed for reuse"),
     "namespace_refused_total": (
         "counter",

@@ -35,6 +35,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from infera.kvd import protocol as P
+from infera.kvd.spin import SpinGate
 
 if TYPE_CHECKING:
     from infera.kvd.config import DaemonConfig
@@ -73,6 +74,7 @@ class NetState:
         "output_paused_total",
         "partial",
         "replies_too_large_total",
+        "spin_gate",
     )
 
     def __init__(self) -> None:
@@ -88,6 +90,7 @@ class NetState:
         self.output_dropped_total = 0
         self.input_budget_drops_total = 0
         self.replies_too_large_total = 0
+        self.spin_gate = SpinGate()  # whether the loop may poll after traffic (--busy-poll-us)
 
 
 class NetIO:
@@ -121,6 +124,7 @@ class NetIO:
             "output_dropped_total": net.output_dropped_total,
             "input_budget_drops_total": net.input_budget_drops_total,
             "replies_too_large_total": net.replies_too_large_total,
+            "busy_poll_yielded_total": net.spin_gate.yielded_total,
             "input_buffered_bytes": net.inbuf_bytes,
             "output_queued_bytes": net.out_total,
         }

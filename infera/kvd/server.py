@@ -180,6 +180,7 @@ class Server(NetIO, Ops):
 
     def serve_forever(self) -> None:
         spin = self.cfg.busy_poll_us / 1e6
+        gate = self.net.spin_gate
         last_event = 0.0
         try:
             while not self.stopping:
@@ -187,8 +188,10 @@ class Server(NetIO, Ops):
                 idle = self._io_turn() if self._ready or self._accept_resume_at else 0.25
                 # Right after traffic, poll instead of sleeping for a short window: a request
                 # that follows within it is seen at once, without waking an idle CPU (tens of
-                # microseconds on virtual machines). --busy-poll-us 0 turns this off.
-                timeout = 0.0 if spin and time.monotonic() - last_event < spin else idle
+                # microseconds on virtual machines), but only while the host has a CPU to spare
+                # for it (infera.kvd.spin). --busy-poll-us 0 turns this off.
+                polling = spin and time.monotonic() - last_event < spin and gate.may_poll()
+                timeout = 0.0 if polling else idle
                 events = self.sel.select(timeout=timeout)
                 if events:
                     last_event = time.monotonic()
@@ -237,6 +240,7 @@ class Server(NetIO, Ops):
             self.listener = None
             with contextlib.suppress(OSError):
                 os.unlink(self.cfg.socket)
+        self.net.spin_gate.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None

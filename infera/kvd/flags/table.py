@@ -212,7 +212,8 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "--busy-poll-us",
-        "After traffic, poll for this many microseconds before sleeping (lower latency, a little CPU; 0 = off).",
+        "After traffic, poll for this many microseconds before sleeping, while the host has a CPU to spare "
+        "(lower latency, a little CPU; 0 = off).",
         int_range(0, 100_000),
         "1000",
         metavar="N",
