@@ -165,7 +165,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "replies_too_large_total": ("counter", "Replies over the frame cap, answered with a too_large error"),
     "busy_poll_yielded_total": (
         "counter",
-        "Poll-window turns the loop slept instead: no CPU to spare on the host",
+        "Poll-window checks that found no CPU to spare on the host (the loop slept)",
     ),
     "namespace_ids_freed_total": ("counter", "Namespace ids freed for reuse"),
     "namespace_refused_total": (

@@ -190,8 +190,8 @@ class Server(NetIO, Ops):
                 # that follows within it is seen at once, without waking an idle CPU (tens of
                 # microseconds on virtual machines), but only while the host has a CPU to spare
                 # for it (infera.kvd.spin). --busy-poll-us 0 turns this off.
-                polling = spin and time.monotonic() - last_event < spin and gate.may_poll()
-                timeout = 0.0 if polling else idle
+                now = time.monotonic()
+                timeout = 0.0 if spin and now - last_event < spin and gate.may_poll(now) else idle
                 events = self.sel.select(timeout=timeout)
                 if events:
                     last_event = time.monotonic()

@@ -26,9 +26,9 @@ def test_runnable_others_reads_the_fourth_field_of_loadavg() -> None:
     assert runnable_others(b"1 2 3 x/80 7") is None
 
 
-def test_a_gate_over_a_file_it_cannot_read_always_polls(tmp_path: object) -> None:
+def test_a_gate_over_a_file_it_cannot_read_always_polls() -> None:
     gate = SpinGate(path="/nonexistent/loadavg")
-    assert gate.may_poll() and gate.yielded_total == 0
+    assert gate.may_poll(time.monotonic()) and gate.yielded_total == 0
     gate.close()
 
 
