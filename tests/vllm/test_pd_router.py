@@ -26,7 +26,10 @@ from engines import CONNECTOR, Engine, engine_env, prompt, server_argv
 
 from helpers import Daemon, free_port, seconds_until
 
-pytest.importorskip("vllm_router", reason="vllm-router is not installed (scripts/setup.sh --all)")
+# scripts/setup.sh --all installs vllm-router into .venv-vllm032 only: one vLLM release is enough
+pytest.importorskip(
+    "vllm_router", reason="vllm-router is not in this venv (setup.sh puts it in .venv-vllm032)"
+)
 
 P1 = prompt(21, 1000)  # 3 chunks of 256 tokens
 P2 = prompt(22, 600)
