@@ -54,7 +54,7 @@ from typing import Any
 
 import httpx
 
-from infera.kvd.process import DaemonProcess, stop_group
+from infera.kvd.process import DaemonProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # pdkit beside this file, however it is run
 from pdkit import (
@@ -224,7 +224,7 @@ def execute(run: Run, phases: list[str]) -> None:
         pd_phases(run, pd)
     finally:
         if etcd is not None:
-            stop_group(etcd)
+            etcd.stop()
 
 
 def pd_phases(run: Run, phases: list[str]) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from infera.bench.services import Etcd
 from infera.kvd.process import stop_group
 
 # engine metrics worth a snapshot after each phase (summed over their labels)
@@ -294,22 +295,17 @@ def llama8b_model(work: Path) -> str:
     return str(work / "llama8b")
 
 
-def start_etcd(binary: str, endpoint: str, work: Path) -> subprocess.Popen[bytes]:
+def start_etcd(binary: str, endpoint: str, work: Path) -> Etcd:
+    """``binary`` serving the loopback ``endpoint`` (``127.0.0.1:PORT``) for the run."""
     host, port = endpoint.rsplit(":", 1)
-    url = f"http://{host}:{port}"
-    argv = [binary, "--name", "pd-bench", "--data-dir", str(work / "etcd"), "--listen-client-urls", url]
-    argv += ["--advertise-client-urls", url, "--listen-peer-urls", f"http://{host}:{int(port) + 1}"]
-    argv += ["--initial-advertise-peer-urls", f"http://{host}:{int(port) + 1}"]
-    argv += ["--initial-cluster", f"pd-bench=http://{host}:{int(port) + 1}"]
-    with open(work / "etcd.log", "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    for _ in range(100):
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc
-        time.sleep(0.1)
-    stop_group(proc)
-    raise PdError(f"pd bench: etcd at {url} not up; see {work / 'etcd.log'}")
+    if host not in ("127.0.0.1", "localhost"):
+        raise PdError(f"pd bench: --etcd-binary starts etcd on loopback; --etcd {endpoint} is not")
+    etcd = Etcd(work, exe=binary, port=int(port))
+    try:
+        etcd.start()
+    except RuntimeError as exc:
+        raise PdError(f"pd bench: {exc}") from None
+    return etcd
 
 
 def doctor(a: argparse.Namespace, want: str, timeout: float = 20) -> dict[str, Any]:

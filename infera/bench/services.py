@@ -216,9 +216,12 @@ class LMCacheServer(Service):
 
 
 class Etcd(Service):
-    def __init__(self, workdir: Path) -> None:
-        self.port, self.peer_port = free_port(), free_port()
-        exe = require("etcd", hint="apt-get install etcd-server (scripts/setup.sh --all)")
+    """A one-member etcd on loopback: free ports and the ``etcd`` on PATH unless ``port`` and
+    ``exe`` are given (``benchmarks/pd.py --etcd-binary`` on a machine without the package)."""
+
+    def __init__(self, workdir: Path, exe: str | None = None, port: int | None = None) -> None:
+        self.port, self.peer_port = port or free_port(), free_port()
+        exe = exe or require("etcd", hint="apt-get install etcd-server (scripts/setup.sh --all)")
         data = workdir / "etcd-data"
         client, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.peer_port}"
         argv = [

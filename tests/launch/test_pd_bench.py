@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import socket
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,3 +121,18 @@ def test_parse_metrics_sums_labels_and_keeps_sources(pd: Any) -> None:
     assert got["vllm:prompt_tokens_by_source_total"] == 9217.0
     assert got['vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}'] == 9200.0
     assert "vllm:prompt_tokens_created" not in got
+
+
+def test_start_etcd_serves_the_loopback_endpoint_and_refuses_others(pd: Any, tmp_path: Path) -> None:
+    etcd_bin = shutil.which("etcd")
+    if etcd_bin is None:
+        pytest.skip("etcd is not installed (scripts/setup.sh --all)")
+    port = free_port()
+    etcd = pd.start_etcd(etcd_bin, f"127.0.0.1:{port}", tmp_path)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+            assert b'"true"' in r.read()
+    finally:
+        etcd.stop()
+    with pytest.raises(pd.PdError, match="loopback"):
+        pd.start_etcd(etcd_bin, "10.0.0.5:2379", tmp_path)
