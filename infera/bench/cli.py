@@ -202,6 +202,11 @@ def gpu_e2e(
         "--load-policy",
         help="INFERA_KVD_LOAD_POLICY of the kvd engines: always, auto or never.",
     ),
+    layerwise: bool = typer.Option(
+        False,
+        "--layerwise/--no-layerwise",
+        help="INFERA_KVD_LOAD_LAYERWISE of the kvd engines: load each layer's KV just before it runs.",
+    ),
 ) -> None:
     """TTFT on a GPU with vLLM: recompute, vLLM native CPU hit, kvd RAM/cross-engine/disk hits, GPU hit."""
 

@@ -235,6 +235,7 @@ def run_gpu_e2e(
     sweep: str = "",
     partial: str = "1024,4096",
     load_policy: str = loadreport.DEFAULT_POLICY,
+    layerwise: bool = False,
 ) -> dict[str, Any]:
     python = python or sys.executable
     if load_policy not in loadreport.POLICIES:
@@ -251,7 +252,12 @@ def run_gpu_e2e(
     logdir = Path(out) if out else workdir
     logdir.mkdir(parents=True, exist_ok=True)
     try:
-        opts = {"sweep": bool(sweep.strip()), "partial": extras, "load_policy": load_policy}
+        opts = {
+            "sweep": bool(sweep.strip()),
+            "partial": extras,
+            "load_policy": load_policy,
+            "layerwise": layerwise,
+        }
         return _run(
             python,
             lengths,
@@ -341,6 +347,7 @@ def _run(
         "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0"),
         "INFERA_KVD_REPORT_EVERY_S": "0",
         "INFERA_KVD_LOAD_POLICY": policy,
+        "INFERA_KVD_LOAD_LAYERWISE": "1" if opts.get("layerwise") else "0",
         "VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0"),
         "HF_HUB_OFFLINE": "1",
         "PYTHONUNBUFFERED": "1",
@@ -369,6 +376,7 @@ def _run(
     summary = summarize(records, models, ceiling, policy)
     timing = next(m["name"] for m in models if m["name"].startswith(("Llama", "small Llama")))
     summary["load_policy"] = policy
+    summary["layerwise"] = bool(opts.get("layerwise"))
     summary["partial"] = report.partial_rows(records, policy)
     summary["sweep"] = report.sweep_table(summary, timing) if opts.get("sweep") else []
     summary["plot"] = (
@@ -388,6 +396,9 @@ def _run(
     if json_out:
         print(json.dumps(summary, indent=2))
     else:
+        print(
+            f"kvd engines: load policy {policy}, layer-wise loads {'on' if summary['layerwise'] else 'off'}"
+        )
         print(report.render_rows(summary))
         print(report.render(summary["partial"], summary["sweep"], summary["plot"]))
         for e in summary["errors"]:

@@ -150,3 +150,62 @@ def test_worker_registers_the_daemon_arena_and_round_trips(daemon: Any) -> None:
     fields = w.report_fields()
     assert fields["data_path"] == "arena-pinned" and not fields["fallback"]
     w.close()
+
+
+@pytest.mark.parametrize("layout", ["0.26", "0.29"])
+@pytest.mark.parametrize("slabs", [2, 64])
+def test_layerwise_load_lands_each_layer_behind_its_own_dma(layout: str, slabs: int) -> None:
+    """The real 2D DMAs (cudaMemcpy2DAsync from a registered arena) through a ring of slabs: the
+    bytes equal a whole-step load's, and a kernel queued on the compute stream after layer ``l``'s
+    wait already sees layer ``l`` (and nothing of the layers after it)."""
+    from infera.engine.vllm.worker.gpu.layerwise_gpu import GpuLayerwise
+    from infera.engine.vllm.worker.gpu.rows import row_copier
+
+    src = caches(layout)
+    lay = KVLayout.from_caches(src, B)
+    names = [lb.name for lb in lay.layers]
+    bpc = 2
+    cb = lay.chunk_bytes(bpc)
+    n = 20
+    arena = torch.zeros(cb * (n + 4), dtype=torch.uint8)
+    pin = ArenaPin()
+    pin.attach(arena)
+    assert pin.pinned, pin.error
+    cells = list(range(n))
+    cells[5], cells[6] = 17, 3  # two runs broken
+    for i, c in enumerate(cells):
+        staged = torch.empty(cb, dtype=torch.uint8, device=DEV)
+        lay.gather([2 * i, 2 * i + 1], staged)
+        arena[c * cb : (c + 1) * cb].copy_(staged.cpu())
+    dst_ids = [[63 - 2 * i, 62 - 2 * i] for i in range(n)]
+    items = [LoadItem(d, 0, bpc, c * cb, cb) for d, c in zip(dst_ids, cells, strict=True)]
+    want = caches(layout)
+    for t in want.values():
+        t.zero_()
+    whole = GpuCopier(KVLayout.from_caches(want, B), bpc, staging_bytes=8 * cb)
+    whole.load(items, arena, lambda: None)
+    whole.drain()
+    got = caches(layout)
+    for t in got.values():
+        t.zero_()
+    gpu = GpuCopier(KVLayout.from_caches(got, B), bpc, staging_bytes=8 * cb)
+    rows, how = row_copier(DEV)
+    assert rows is not None, how
+    released: list[int] = []
+    lw = GpuLayerwise(gpu, rows, {"load_layerwise_waits": 0, "load_layerwise_steps": 0}, lambda ids: None)
+    gpu.load_pool.buf = torch.empty(slabs * lw.slab_bytes(n), dtype=torch.uint8, device=DEV)
+    lw.start(items, arena, lambda: released.append(1))
+    seen = []
+    for i, name in enumerate(names):
+        lw.wait(name)
+        # queued on the compute stream, as the layer's attention would be
+        seen.append([got[m].float().abs().sum() for m in names[i : i + 2]])
+    gpu.drain()
+    torch.cuda.synchronize()
+    assert released == [1]
+    for name in names:
+        assert torch.equal(got[name], want[name]), name
+    for i, sums in enumerate(seen):
+        assert float(sums[0]) == float(want[names[i]].float().abs().sum()), "layer i landed before it ran"
+        assert len(sums) == 1 or float(sums[1]) == 0.0, "layer i+1 lands only at its own wait"
+    pin.detach()

@@ -40,6 +40,7 @@ from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
 from infera.engine.vllm.worker.gpu import gpudirect
 from infera.engine.vllm.worker.gpu.copier import ArenaPin, GpuCopier
 from infera.engine.vllm.worker.gpu.gdpath import GdPath
+from infera.engine.vllm.worker.gpu.layerwise_gpu import GpuLayerwise
 from infera.engine.vllm.worker.half_gpu import GpuWorkerMixin
 from infera.engine.vllm.worker.half_load import LoadMixin
 from infera.engine.vllm.worker.layerwise import LayerwiseLoads
@@ -104,7 +105,9 @@ class WorkerHalf(LoadMixin, GpuWorkerMixin):
         # tests and dry runs: run the GPU copy path's code on CPU tensors (synchronous stand-ins)
         self.gpu_path_on_cpu = gpu_path_on_cpu
         self.timings = Timings()  # load and step times for the scheduler's cost model
-        self.layerwise: LayerwiseLoads | None = None  # INFERA_KVD_LOAD_LAYERWISE=1, CPU path
+        # INFERA_KVD_LOAD_LAYERWISE=1: the CPU path's or the GPU path's (then also gpu_layerwise)
+        self.layerwise: LayerwiseLoads | GpuLayerwise | None = None
+        self.gpu_layerwise: GpuLayerwise | None = None
 
     # -- registration ------------------------------------------------------------------------
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -142,14 +145,21 @@ class WorkerHalf(LoadMixin, GpuWorkerMixin):
         if self.layout.device.type != "cpu" or self.gpu_path_on_cpu:
             self._setup_gpus()
         if self.env.load_layerwise:
+            why = None
             if self.gpu is None and not self.plan.hybrid:
                 self.layerwise = LayerwiseLoads(
                     self.layout, self.counters, lambda ids: self._fail_chunk(ids, "bad_chunk")
                 )
+            elif self.gpu is not None:
+                why = self._setup_gpu_layerwise()
+                self.layerwise = self.gpu_layerwise
             else:
-                log.info(
-                    "infera-kvd: INFERA_KVD_LOAD_LAYERWISE=1 applies to the CPU copy path of "
-                    "single-group engines; this one loads every layer before the forward"
+                why = "single-group engines"
+            if why:
+                log.warning(
+                    "infera-kvd: INFERA_KVD_LOAD_LAYERWISE=1 applies to %s; this one loads every "
+                    "layer before the forward",
+                    why,
                 )
         with self.link.using(wait=True):
             self.link.client()

@@ -24,6 +24,7 @@ from infera.engine.vllm.metadata import ChunkJob, RequestJob
 from infera.engine.vllm.worker.gpu import gpudirect
 from infera.engine.vllm.worker.gpu.copier import ArenaPin, GpuCopier, LoadItem, SaveItem
 from infera.engine.vllm.worker.gpu.gdpath import GdPath
+from infera.engine.vllm.worker.gpu.layerwise_gpu import GpuLayerwise
 from infera.engine.vllm.worker.layout import KVLayout, LayoutError
 from infera.engine.vllm.worker.timing import Timings
 from infera.kvd.client import KvdClient, KvdClientError, KvdUnavailable
@@ -49,6 +50,7 @@ class GpuWorkerMixin:
     layouts: dict[int, KVLayout | None]
     gpus: dict[int, GpuCopier]
     timings: Timings
+    gpu_layerwise: GpuLayerwise | None
 
     def _fail_chunk(self, block_ids: list[int], why: str) -> None:  # provided by LoadMixin
         raise NotImplementedError
@@ -125,6 +127,12 @@ class GpuWorkerMixin:
             except RuntimeError as exc:
                 self.gd_sel.reasons.append(f"no GPU memory for the write pool ({exc})")
                 self.gd_sel.api = None
+
+    def _setup_gpu_layerwise(self) -> str | None:
+        """Layer-wise loads on the GPU path (single-group engines); the reason when there are none."""
+        on_failed = functools.partial(self._fail_chunk, why="bad_chunk")
+        self.gpu_layerwise, why = GpuLayerwise.create(self.gpu, self.plan.hybrid, self.counters, on_failed)
+        return why
 
     def _log_paths(self) -> None:
         if self.gpu_error:
@@ -226,6 +234,17 @@ class GpuWorkerMixin:
                 if link.connected:
                     log.debug("infera-kvd: RELEASE failed: %s", exc)
 
+        lw = self.gpu_layerwise
+        if lw is not None and not files and not hybrid and ram and lw.fits(len(ram[0])):
+            # layer by layer: the link's bracket stays held until the last DMA is queued
+            lw.hold(self.link.using(wait=True))
+            lw.start(ram[0], arena, release)
+            self.counters["load_chunks"] += len(ram[0])
+            self.counters["load_bytes"] += sum(it.length for it in ram[0])
+            self.counters["load_us"] += int((time.perf_counter() - started) * 1e6)
+            return
+        if lw is not None and ram:
+            self.counters["load_layerwise_whole_steps"] += 1  # GPU-direct reads, or too big a step
         if not ram:
             self.gpu.load([], arena, release)
         for group, group_items in ram.items():

@@ -19,6 +19,7 @@ from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
 from infera.engine.vllm.worker.gpu.copier import GpuCopier
 from infera.engine.vllm.worker.gpu.gdpath import GdPath
+from infera.engine.vllm.worker.gpu.layerwise_gpu import GpuLayerwise
 from infera.engine.vllm.worker.layerwise import LayerwiseLoads
 from infera.engine.vllm.worker.layout import KVLayout, LayoutError
 from infera.engine.vllm.worker.timing import Timings
@@ -38,7 +39,7 @@ class LoadMixin:
     gd: GdPath | None
     counters: Counter[str]
     timings: Timings
-    layerwise: LayerwiseLoads | None
+    layerwise: LayerwiseLoads | GpuLayerwise | None
     load_errors: set[int]
     finished_loads: set[str]
     failed_loads: set[str]
@@ -113,7 +114,7 @@ class LoadMixin:
                     if layout is None:  # a group without layers on this rank: an empty chunk
                         if length:
                             raise LayoutError(f"{length} bytes for a group without layers here")
-                    elif self.layerwise is not None:  # checked now, copied per layer
+                    elif isinstance(self.layerwise, LayerwiseLoads):  # checked now, copied per layer
                         self.layerwise.add(ch.block_ids, arena[off : off + length], ch.skip, ch.stop)
                     else:
                         layout.scatter(ch.block_ids, arena[off : off + length], ch.skip, ch.stop)
@@ -129,7 +130,7 @@ class LoadMixin:
             self._job_done(job, failed)
             all_ok = all_ok and not failed
         self.counters["load_us"] += int((time.perf_counter() - started) * 1e6)
-        if self.layerwise is not None and self.layerwise.active:
+        if isinstance(self.layerwise, LayerwiseLoads) and self.layerwise.active:
             # the leases and the arena mapping stay until the last layer is copied
             self.layerwise.hold(self.link.using(wait=True))
             self.layerwise.started(lambda: self._give_back(client, tokens))

@@ -1,0 +1,212 @@
+"""Layer-wise loads on the GPU copy path, run on CPU tensors (synchronous streams, torch row copies):
+each layer's pages land only when vLLM waits for that layer, byte for byte what a whole-step load
+writes, through a ring of staging slabs smaller than the step; layers run without a wait become
+load errors; the leases are released once, after the last DMA. The H200 run in
+docs/benchmarks.md covers the real 2D DMAs and streams."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+from connector_kit import engine_facts, worker_half
+from test_gpu_path import LAYOUTS, B, gpu_worker, per_layer_nhd
+
+from infera.engine.vllm.config import ConnectorEnv
+from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
+from infera.engine.vllm.worker.gpu.copier import GpuCopier, LoadItem
+from infera.engine.vllm.worker.gpu.layerwise_gpu import GpuLayerwise, runs_of
+from infera.engine.vllm.worker.gpu.rows import RowCopyError, check_rows, torch_rows
+from infera.engine.vllm.worker.layout import KVLayout
+
+BPC = 2
+
+
+def five_layers() -> dict[str, torch.Tensor]:
+    return per_layer_nhd(L=5)
+
+
+def staged(caches: dict[str, torch.Tensor], src: list[list[int]], offsets: list[int]) -> torch.Tensor:
+    """An arena holding the payloads of ``src`` at ``offsets`` (chunk sized cells)."""
+    layout = KVLayout.from_caches(caches, B)
+    cb = layout.chunk_bytes(BPC)
+    arena = torch.zeros(cb * (max(offsets) + 2), dtype=torch.uint8)
+    for ids, cell in zip(src, offsets, strict=True):
+        layout.gather(ids, arena[cell * cb : (cell + 1) * cb])
+    return arena
+
+
+# chunks 0-2 sit next to each other in the arena (one run), 3 and 4 do not; 2 and 4 are partial
+SRC = [[3, 7], [8, 9], [1, 2], [20, 11], [12, 13]]
+CELLS = [2, 3, 4, 9, 6]
+DST = [[32, 33], [34, 35], [36, 37], [38, 39], [14, 15]]
+SKIP_STOP = [(0, 2), (0, 2), (1, 2), (0, 2), (0, 1)]
+
+
+def items(cb: int) -> list[LoadItem]:
+    return [LoadItem(d, s, e, c * cb, cb) for d, (s, e), c in zip(DST, SKIP_STOP, CELLS, strict=True)]
+
+
+def reference(name: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor, int]:
+    """(caches to load into, what a whole-step load leaves in them, the arena, chunk bytes)."""
+    src = five_layers() if name == "0.26-nhd" else LAYOUTS[name]()
+    arena = staged(src, SRC, CELLS)
+    dst = {n: torch.zeros_like(t) for n, t in src.items()}
+    want = {n: t.clone() for n, t in dst.items()}
+    layout = KVLayout.from_caches(want, B)
+    cb = layout.chunk_bytes(BPC)
+    GpuCopier(layout, BPC, staging_bytes=4 * cb).load(items(cb), arena, lambda: None)
+    return dst, want, arena, cb
+
+
+def test_runs_of_joins_neighbours_in_order() -> None:
+    assert runs_of(items(10), 10) == [(0, 3, 20), (3, 1, 90), (4, 1, 60)]
+
+
+def test_rows_never_leave_a_tensor() -> None:
+    t = torch.zeros(100, dtype=torch.uint8)
+    check_rows(t, 10, 30, 10, 3, "t")  # last row ends at 80
+    with pytest.raises(RowCopyError, match="leave"):
+        check_rows(t, 10, 30, 10, 4, "t")
+    with pytest.raises(RowCopyError, match="bad rows"):
+        check_rows(t, 0, 5, 10, 1, "t")
+    src = torch.arange(100, dtype=torch.uint8)
+    torch_rows(t, 1, 4, src, 10, 20, 3, 2, None)
+    assert t[:9].tolist() == [0, 10, 11, 12, 0, 30, 31, 32, 0]
+
+
+@pytest.mark.parametrize("name", ["0.26-nhd", "0.29-views", "dsa"])
+@pytest.mark.parametrize("slabs", [2, 3, 16])
+def test_each_layer_lands_when_waited_for(name: str, slabs: int) -> None:
+    dst, want, arena, cb = reference(name)
+    layout = KVLayout.from_caches(dst, B)
+    names = [lb.name for lb in layout.layers]
+    gpu = GpuCopier(layout, BPC, staging_bytes=4 * cb)
+    counters: Counter[str] = Counter()
+    failed: list[list[int]] = []
+    lw = GpuLayerwise(gpu, torch_rows, counters, failed.append)
+    its = items(cb)
+    gpu.load_pool.buf = torch.empty(slabs * lw.slab_bytes(len(its)), dtype=torch.uint8)
+    assert lw.fits(len(its))
+    released: list[int] = []
+    lw.start(its, arena, lambda: released.append(1))
+    assert lw.ring == min(slabs, len(names))
+    assert all(not t.any() for t in dst.values()), "nothing lands before its layer runs"
+    for i, n in enumerate(names):
+        lw.wait(n)
+        for j, m in enumerate(names):
+            assert torch.equal(dst[m], want[m]) == (j <= i) or not want[m].any(), (i, j)
+    assert released == [1] and not failed and not lw.active
+    assert counters["load_layerwise_waits"] == len(names) and counters["load_layerwise_late_layers"] == 0
+    assert gpu.counters["load_dma_chunks"] == len(its)
+
+
+def test_a_layer_run_without_its_wait_is_recomputed() -> None:
+    dst, want, arena, cb = reference("0.26-nhd")
+    layout = KVLayout.from_caches(dst, B)
+    names = [lb.name for lb in layout.layers]
+    gpu = GpuCopier(layout, BPC, staging_bytes=4 * cb)
+    counters: Counter[str] = Counter()
+    failed: list[list[int]] = []
+    released: list[int] = []
+    lw = GpuLayerwise(gpu, torch_rows, counters, failed.append)
+    lw.start(items(cb), arena, lambda: released.append(1))
+    lw.wait(names[2])  # layers 0 and 1 ran without waiting
+    lw.wait(names[1])  # already copied: nothing more
+    assert torch.equal(dst[names[2]], want[names[2]]) and not dst[names[3]].any()
+    assert released == [] and failed == []
+    lw.finish()  # the step ends before layers 3 and 4 were waited for
+    assert all(torch.equal(dst[n], want[n]) for n in names)
+    assert counters["load_layerwise_late_layers"] == 4 and released == [1]
+    assert failed == [it.block_ids[it.skip : it.stop] for it in items(cb)]
+    lw.finish()  # a second end is nothing
+    assert released == [1]
+
+
+def test_a_failed_dma_fails_the_step_and_releases() -> None:
+    dst, _want, arena, cb = reference("0.26-nhd")
+    gpu = GpuCopier(KVLayout.from_caches(dst, B), BPC, staging_bytes=4 * cb)
+    failed: list[list[int]] = []
+    released: list[int] = []
+
+    def broken(*args: Any) -> None:
+        raise RowCopyError("cudaMemcpy2DAsync failed with error 1")
+
+    lw = GpuLayerwise(gpu, broken, Counter(), failed.append)
+    lw.start(items(cb), arena, lambda: released.append(1))
+    assert released == [1] and len(failed) == len(DST) and not lw.active
+    assert all(not t.any() for t in dst.values())
+
+
+def test_a_step_too_big_for_two_slabs_does_not_fit() -> None:
+    layout = KVLayout.from_caches(five_layers(), B)
+    cb = layout.chunk_bytes(BPC)
+    gpu = GpuCopier(layout, BPC, staging_bytes=2 * cb)
+    lw = GpuLayerwise(gpu, torch_rows, Counter(), lambda ids: None)
+    per_chunk = lw.slab_bytes(1)
+    most = gpu.load_pool.buf.numel() // (2 * per_chunk)
+    assert lw.fits(most) and not lw.fits(most + 8)
+
+
+# -- the worker, against a real daemon -------------------------------------------------------
+def _run_step(w: Any, meta: InferaKvdMetadata, names: list[str], waits: list[str]) -> None:
+    w.load(meta)
+    for n in waits:
+        w.wait_layer(n)
+    w.finish_layers()
+    w.gpu.drain()
+
+
+@pytest.mark.parametrize("staging_chunks", [64, 2])
+def test_worker_loads_layer_by_layer(daemon: Any, staging_chunks: int) -> None:
+    caches = per_layer_nhd(L=4, N=4)
+    names = sorted(caches)
+    cb = KVLayout.from_caches(caches, B).chunk_bytes(2)
+    # 2 staging cells: a 6-chunk step needs 2 slabs of 1.5 chunks, which do not fit
+    staging = staging_chunks * cb * 4 // 3
+    env = ConnectorEnv(socket=daemon.socket, load_layerwise=True, gpu_staging_bytes=staging)
+    w = gpu_worker(daemon.socket, env=env)
+    w.register(caches)
+    assert w.gpu_layerwise is not None and w.layerwise is w.gpu_layerwise
+    hashes = [bytes([i + 1]) * 16 for i in range(6)]
+    src = [[1 + 2 * i, 2 + 2 * i] for i in range(6)]
+    saves = [ChunkJob(h, ids) for h, ids in zip(hashes, src, strict=True)]
+    w.save(InferaKvdMetadata(saves=[RequestJob("r", saves)]))
+    w.gpu.drain()
+    before = {n: t.clone() for n, t in caches.items()}
+    dst = [[20 + 2 * i, 21 + 2 * i] for i in range(6)]
+    meta = InferaKvdMetadata(
+        loads=[RequestJob("r", [ChunkJob(h, ids) for h, ids in zip(hashes, dst, strict=True)])]
+    )
+    _run_step(w, meta, names, names)
+    for n in names:
+        for s, d in zip(src, dst, strict=True):
+            assert torch.equal(caches[n][d], before[n][s])
+    assert w.take_load_errors() == set()
+    big = staging_chunks > 2
+    assert w.counters["load_layerwise_steps"] == (1 if big else 0)
+    assert w.counters["load_layerwise_whole_steps"] == (0 if big else 1), "too small a ring: the whole step"
+    w.link.client().ping()
+    with daemon.client(want_arena=False) as c:
+        row = next(cl for cl in c.stats()["clients"] if cl["role"] == "vllm-worker-0")
+        assert row["leases"] == 0, "every lease went back once the DMAs were done"
+    # the same step again, its layers run without their waits: exact bytes, but recomputed
+    for t in caches.values():
+        t[20:32] = 0
+    _run_step(w, meta, names, [])
+    for n in names:
+        for s, d in zip(src, dst, strict=True):
+            assert torch.equal(caches[n][d], before[n][s])
+    assert w.take_load_errors() == ({x for d in dst for x in d} if big else set())
+
+
+def test_no_layerwise_without_the_flag_or_on_a_cpu_path(daemon: Any) -> None:
+    w = gpu_worker(daemon.socket, env=ConnectorEnv(socket=daemon.socket))
+    w.register(per_layer_nhd(L=3, N=4))
+    assert w.gpu_layerwise is None and w.layerwise is None
+    facts = engine_facts(model="/m/cpu", num_layers=3, head_size=8, block_size=4, vllm_version="0.26")
+    cpu = worker_half(facts, 8, daemon.socket, B, env=ConnectorEnv(socket=daemon.socket, load_layerwise=True))
+    cpu.register(per_layer_nhd(L=3, N=4))
+    assert cpu.gpu_layerwise is None and cpu.layerwise is not None
