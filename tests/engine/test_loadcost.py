@@ -111,6 +111,20 @@ def test_recompute_is_the_marginal_cost_of_tokens_by_step_size() -> None:
     assert choose_load("auto", 0, 8192, CT, ["ram"] * 32, m).load_end == 8192
 
 
+def test_a_ram_hit_is_not_cut_in_two_by_a_noisy_bucket() -> None:
+    """Each prefix priced at its own bucket's rate: 2k tokens at 40 us (a noisy early step) was
+    worth more than 4k at 12 us, so a 4k RAM hit recomputed its second half (run H on the H200)."""
+    m = model()
+    m.token_s = {11: 40e-6, 12: 12e-6}
+    m.ram_chunk_s, m.load_fixed_s = 1.5e-3, 0.0  # 16 chunks: 24 ms of load for 49 ms of prefill
+    got = choose_load("auto", 0, 4096, CT, ["ram"] * 16, m)
+    assert got.load_end == 4096 and got.skipped == {}
+    # a RAM head before a slow disk tail is still loaded alone
+    m.long_chunk_s["disk"] = 50e-3
+    got = choose_load("auto", 0, 4096, CT, ["ram"] * 8 + ["disk"] * 8, m)
+    assert got.load_end == 2048 and got.skipped == {"disk": 2048}
+
+
 class FakeLink:
     """Records PREWARM calls; ``down`` makes it act as an unreachable daemon."""
 

@@ -209,6 +209,11 @@ def choose_load(
         t = chunk_tier[c]
         return t if t in TIERS else "ram"
 
+    # Every prefix of one hit is priced at the rate of the whole hit: the step that computes what
+    # is not loaded is about as long either way. Pricing a prefix at its own bucket's rate let a
+    # noisy bucket cut a RAM hit in two (H200 run H: a 4k hit recomputed 2,064 tokens and took
+    # 1.7x the full load), which also moves the split point of the prompt for no gain.
+    per_token = model.token_seconds(end - start)
     counts: dict[str, int] = {}
     best_end, best_gain = start, 0.0
     full_load = 0.0
@@ -217,11 +222,11 @@ def choose_load(
         counts[t] = counts.get(t, 0) + 1
         stop = min(end, (c + 1) * ct)
         load_s = model.load_seconds(counts)
-        gain = model.recompute_seconds(stop - start) - load_s
+        gain = (stop - start) * per_token - load_s
         full_load = load_s
         if gain > best_gain:
             best_end, best_gain = stop, gain
-    recompute_s = model.recompute_seconds(end - start)
+    recompute_s = (end - start) * per_token
     if policy == "always":
         best_end, reason = end, ""
     elif policy == "never":
