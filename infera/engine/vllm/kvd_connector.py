@@ -193,6 +193,7 @@ class InferaKvdConnector(KVConnectorBase_V1, SupportsHMA):
                 block_size=facts.block_size,
                 plan=plan,
                 failure=failure,
+                gpu_path_on_cpu=env.gpu_path_on_cpu,
             )
             self._stats = StatsSource(
                 stats.counters_of(self._worker), stats.WORKER_COUNTERS, stats.worker_path(self._worker)
