@@ -61,6 +61,23 @@ def lookup_samples(c: Any, keys: Sequence[bytes], reps: int, n: int = LOOKUP_KEY
     return timed(one, reps)
 
 
+def prompt_lookup_samples(c: Any, keys: Sequence[bytes], reps: int, n: int = LOOKUP_KEYS) -> list[float]:
+    """Round trips of LOOKUP of ``n`` keys in the order they were stored (a prompt's chunks, as
+    an engine asks for them), a window at a fresh random place each time: the first LOOKUP of
+    that window (no earlier LOOKUP has linked it; the daemon knows only which keys were sealed
+    together)."""
+    rng = random.Random(13)
+    starts = rng.sample(range(0, len(keys) - n + 1), min(reps + 5, len(keys) - n + 1))
+    it = iter(starts * (1 + (reps + 5) // max(1, len(starts))))
+
+    def one() -> None:
+        i = next(it)
+        if c.lookup(keys[i : i + n]) != n:
+            raise KvdError("benchmark: LOOKUP missed keys it had just stored")
+
+    return timed(one, reps)
+
+
 def index_point(n: int, reps: int, get_reps: int, evict_keys: int) -> dict[str, Any]:
     """One daemon with exactly ``n`` slots, filled with ``n`` empty chunks; then the figures."""
     from infera.kvd.client import KvdClient
@@ -82,6 +99,7 @@ def index_point(n: int, reps: int, get_reps: int, evict_keys: int) -> dict[str, 
         # the daemon's own CPU per LOOKUP: what the index costs, less exposed to a loaded host's
         # scheduling than a round trip (10 ms ticks over the reps: a few percent)
         look_cpu_us = (cpu_seconds(proc.pid) - cpu) / (reps + 5) * 1e6
+        prompt = percentiles(prompt_lookup_samples(c, keys, reps))
         rng = random.Random(11)
         probes = iter([rng.choice(keys) for _ in range(get_reps + 5)])
         get = percentiles(timed(lambda: c.get(next(probes)), get_reps))
@@ -100,6 +118,8 @@ def index_point(n: int, reps: int, get_reps: int, evict_keys: int) -> dict[str, 
         "lookup1000_p50_us": look["p50_us"],
         "lookup1000_p99_us": look["p99_us"],
         "lookup1000_daemon_cpu_us": look_cpu_us,
+        "lookup_prompt_p50_us": prompt["p50_us"],
+        "lookup_prompt_p99_us": prompt["p99_us"],
         "get_p50_us": get["p50_us"],
         "get_p99_us": get["p99_us"],
         "put_chunks_per_s": n / fill_s,

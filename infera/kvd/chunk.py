@@ -28,10 +28,12 @@ class Chunk:
         "on_long",
         "parked",
         "pins",
+        "pred",
         "queued",
         "ref",
         "retention",
         "sealed",
+        "succ",
         "zombie",
     )
 
@@ -51,6 +53,9 @@ class Chunk:
         self.parked = IN_LRU
         self.queued = 0  # entries of this chunk in its class's eviction deque (the last is live)
         self.ref = False  # accessed since it was queued: the victim scan gives it a second chance
+        # the chunk that followed this one in the last SEAL or LOOKUP that had both (see link())
+        self.succ: Chunk | None = None
+        self.pred: Chunk | None = None
 
     @property
     def ns_id(self) -> int:
@@ -62,6 +67,31 @@ class Chunk:
 
     def evictable(self, now: float) -> bool:
         return self.leases == 0 and self.pins == 0 and self.hold_until <= now
+
+
+def link(a: Chunk, b: Chunk) -> None:
+    """Remember that ``b`` came right after ``a`` (a prompt's next chunk): a LOOKUP of a prompt
+    then follows ``a.succ`` and compares one key instead of probing the index, whose random
+    accesses grow with its size (a probe at 1M chunks misses every cache). A hint only, always
+    checked against the key asked for; both ends indexed chunks; one successor and one
+    predecessor each (a shared prefix keeps the branch seen last)."""
+    if a.succ is b or a is b or a.parked == GONE or b.parked == GONE:
+        return  # (a batch that wrote one key twice: its first chunk is already gone)
+    if a.succ is not None:
+        a.succ.pred = None
+    if b.pred is not None:
+        b.pred.succ = None
+    a.succ, b.pred = b, a
+
+
+def unlink_chain(c: Chunk) -> None:
+    """``c`` leaves the index: no chunk may lead to it, and it leads to none."""
+    if c.pred is not None:
+        c.pred.succ = None
+        c.pred = None
+    if c.succ is not None:
+        c.succ.pred = None
+        c.succ = None
 
 
 class ReserveResult:

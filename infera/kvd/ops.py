@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from infera import __version__
 from infera.kvd import protocol as P
+from infera.kvd.chunk import link
 from infera.kvd.conn import BadRequest, Client, Reply, hello_info, report_fields
 from infera.kvd.keyspace import ikey_prefix
 from infera.kvd.tiers.base import FileBackedTier
@@ -181,12 +182,16 @@ class Ops:
         store = self.live_store
         tokens = self._ints(msg, "tokens")
         sealed = 0
+        prev = None
         for token in tokens:
             chunk = client.reservations.pop(token, None)
             if chunk is None:
                 continue
             if store.seal(chunk):
                 sealed += 1
+                if prev is not None:
+                    link(prev, chunk)  # a batch's keys are usually a prompt's chunks, in order
+                prev = chunk
         if msg.get("noreply"):
             return None
         return {"sealed": sealed}

@@ -56,6 +56,8 @@ from infera.kvd.chunk import (
     SHORT,
     Chunk,
     ReserveResult,
+    link,
+    unlink_chain,
 )
 from infera.kvd.evictq import EvictionQueues
 from infera.kvd.namespaces import NamespaceTable
@@ -277,10 +279,16 @@ class Store(EvictionQueues):
         now = self.clock()
         hold_until = now + hold_s
         n = 0
+        prev: Chunk | None = None
         for ikey in ikeys:
-            chunk = get(ikey)
+            chunk = prev.succ if prev is not None else None  # the prompt's next chunk, if known
+            if chunk is None or chunk.ikey != ikey:
+                chunk = get(ikey)
+                if chunk is not None and prev is not None:
+                    link(prev, chunk)
             if chunk is None or (chunk.retention == ephemeral and chunk.expires <= now):
                 break
+            prev = chunk
             chunk.last_access = now
             chunk.ref = True
             if hold_s and chunk.hold_until < hold_until:
@@ -333,6 +341,7 @@ class Store(EvictionQueues):
         ikey = chunk.ikey
         cls = chunk.retention
         del self.index[ikey]
+        unlink_chain(chunk)
         self._count[cls] -= 1
         was, chunk.parked = chunk.parked, GONE
         if was == IN_LRU:
