@@ -280,12 +280,16 @@ class Store(EvictionQueues):
         hold_until = now + hold_s
         n = 0
         prev: Chunk | None = None
+        strikes = 0  # the chain failed twice in a row: keys not in stored order, the index only
         for ikey in ikeys:
-            chunk = prev.succ if prev is not None else None  # the prompt's next chunk, if known
-            if chunk is None or chunk.ikey != ikey:
+            chunk = prev.succ if prev is not None and strikes < 2 else None  # the next chunk?
+            if chunk is not None and chunk.ikey == ikey:
+                strikes = 0
+            else:
+                strikes += prev is not None
                 chunk = get(ikey)
-                if chunk is not None and prev is not None:
-                    link(prev, chunk)
+                if chunk is not None and prev is not None and prev.succ is None and chunk.pred is None:
+                    link(prev, chunk)  # a gap between two SEAL batches: never moves a link
             if chunk is None or (chunk.retention == ephemeral and chunk.expires <= now):
                 break
             prev = chunk

@@ -100,15 +100,17 @@ def test_a_lookup_links_what_it_found_and_a_removal_unlinks() -> None:
     assert store.index[KEYS[1]].succ is store.index[KEYS[2]]
 
 
-def test_a_shared_prefix_keeps_the_branch_seen_last() -> None:
+def test_a_lookup_never_moves_a_link() -> None:
+    """A shared prefix keeps the branch it was sealed with; a LOOKUP of the other branch probes
+    the index for its first chunk and writes nothing (LOOKUPs in any order cost no link writes)."""
     store = Store(8 * ALIGN)
     head, x, y = KEYS[0], KEYS[1], KEYS[2]
     _put(store, [head, x])
     _put(store, [y])
     assert store.count_present([head, y]) == 2
-    assert store.index[head].succ is store.index[y] and store.index[x].pred is None
-    assert store.count_present([head, x]) == 2
     assert store.index[head].succ is store.index[x] and store.index[y].pred is None
+    assert store.count_present([y, x]) == 2
+    assert store.index[y].succ is None and store.index[x].pred is store.index[head]
 
 
 def test_a_client_thrashing_the_links_leaves_others_served(daemon: Any) -> None:
