@@ -47,7 +47,9 @@ def test_leased_and_reserved_regions_are_in_the_clients_mapping_before_the_copy(
         assert bytes(reader.arena[off : off + length]) == data  # populating changed no byte
         reader.release([lease])
         before = mapped_kib(reader)
-        ((token, off2),) = reader.reserve([b"big2"], [4 * MIB])  # type: ignore[misc]
+        (slot,) = reader.reserve([b"big2"], [4 * MIB])
+        assert isinstance(slot, tuple)
+        token, off2 = slot
         assert mapped_kib(reader) >= before + 4 * 1024 - GRAIN // 1024
         reader.arena[off2 : off2 + 4 * MIB] = data
         reader.seal([token])
