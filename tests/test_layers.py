@@ -41,6 +41,7 @@ LAYERS: dict[str, str] = {
     "infera.kvd.client": "contract",
     "infera.kvd.clientnet": "contract",  # connecting to a daemon one trusts; the client errors
     "infera.kvd.clientwire": "contract",  # the client's frames and replies
+    "infera.kvd.populate": "contract",  # a mapping of the arena populated (client, and --prefault)
     "infera.kvd.chunkfile": "contract",
     "infera.kvd.chunkfile.*": "contract",
     "infera.discovery": "contract",  # the P/D worker record, its etcd client and registrar

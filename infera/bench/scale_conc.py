@@ -1,10 +1,15 @@
 """``kvd bench scale``, the concurrency part: N client processes doing put+get of large chunks
 through one daemon, against N processes doing the same two copies with no daemon, in one run.
 
-Each worker process is the loop of ``kvd bench arena`` (:func:`infera.bench.arena.kvd_gbps` and
-:func:`infera.bench.arena.memcpy_gbps`) with its own key prefix; the workers of a round start at
-one barrier and the aggregate is all bytes moved over the slowest worker's time. Both sides
-alternate round after round and each keeps its best, as ``kvd bench arena`` does.
+Each worker process is the loop of ``kvd bench arena`` (:func:`infera.bench.arena.put_get_span`
+and :class:`infera.bench.arena.CopyLoop`) with its own key prefix. A worker makes its buffers (and
+a memcpy worker faults in its mapping) before the round's barrier, so no worker's set-up runs
+while another is timed; the aggregate is all bytes moved over the time from the first worker's
+start to the last one's end (``time.perf_counter`` is the host's monotonic clock, one for every
+process: with more workers than CPUs, each worker's own time leaves out the time it waited).
+Both sides alternate round after round and each keeps its best, as ``kvd bench arena`` does. A
+memcpy worker goes through as many chunk regions as a kvd worker's chunks take in the arena, and
+a kvd worker has the whole arena in its page tables before it is timed (``KvdClient.prefault``).
 
 While 8 clients stream, this process sends LOOKUPs of 1,000 present keys and takes their p99,
 next to the p99 of the same LOOKUPs with the daemon otherwise idle.
@@ -13,11 +18,12 @@ next to the p99 of the same LOOKUPs with the daemon otherwise idle.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from infera.bench.arena import kvd_gbps, memcpy_gbps
+from infera.bench.arena import CopyLoop, kvd_gbps, put_get_keys, put_get_span
 from infera.bench.common import temp_daemon
 from infera.bench.scale_index import lookup_samples, make_keys, percentiles, put_all
 from infera.errors import KvdError
@@ -29,29 +35,38 @@ STREAM_CLIENTS = 8
 def _worker(
     kind: str, sock: str, idx: int, size: int, rounds: int, stream_s: float, barrier: Any, q: Any
 ) -> None:
+    """One worker of a round; puts ``(idx, start, end, chunks streamed)`` on ``q``, or
+    ``(idx, -1.0, 0.0, error)``."""
     try:
         if kind == "memcpy":
-            memcpy_gbps(size, 2)  # import and first-touch costs out of the timed part
+            loop = CopyLoop(size, rounds)
+            loop.run(2)  # import costs out of the timed part
             barrier.wait()
-            q.put((idx, 2 * size * rounds / memcpy_gbps(size, rounds) / 1e9, 0))
+            q.put((idx, *loop.run(rounds), 0))
+            loop.close()
             return
         from infera.kvd.client import KvdClient
 
         with KvdClient(sock, namespace=NS, name=f"kvd-bench-conc{idx}") as c:
             prefix = f"w{idx}"
-            kvd_gbps(c, size, rounds, prefix)  # warm-up: pages of this mapping touched once
+            # warm-up: every page of this mapping in its page tables, as a long-lived engine's are
+            # (the regions a round hands out were mostly touched by other clients: without it,
+            # first touches, not copies, set the pace at 2 clients and more)
+            c.prefault()
+            kvd_gbps(c, size, rounds, prefix)
+            src, dst, keys = os.urandom(size), bytearray(size), put_get_keys(prefix, rounds)
             barrier.wait()
             if not stream_s:
-                q.put((idx, 2 * size * rounds / kvd_gbps(c, size, rounds, prefix) / 1e9, 0))
+                q.put((idx, *put_get_span(c, src, dst, keys), 0))
                 return
             end = time.perf_counter() + stream_s
             n = 0
             while time.perf_counter() < end:
-                kvd_gbps(c, size, rounds, prefix)
+                put_get_span(c, src, dst, keys)
                 n += rounds
-            q.put((idx, 0.0, n))
+            q.put((idx, 0.0, 0.0, n))
     except BaseException as exc:
-        q.put((idx, -1.0, repr(exc)))
+        q.put((idx, -1.0, 0.0, repr(exc)))
         raise
 
 
@@ -75,8 +90,13 @@ def _round(kind: str, sock: str, clients: int, size: int, rounds: int, stream_s:
                 p.kill()
     bad = [r for r in results if r[1] < 0]
     if bad:
-        raise KvdError(f"benchmark: a {kind} worker failed: {bad[0][2]}")
+        raise KvdError(f"benchmark: a {kind} worker failed: {bad[0][3]}")
     return results
+
+
+def _span(results: list[Any]) -> float:
+    """Seconds from the first worker's start to the last worker's end."""
+    return max(r[2] for r in results) - min(r[1] for r in results)
 
 
 def concurrency_points(
@@ -100,8 +120,8 @@ def concurrency_points(
             mem, kvd = [], []
             for r in range(repeats):
                 note(f"concurrency: {n} clients, round {r + 1}/{repeats}")
-                mem.append(moved / max(s for _i, s, _n in _round("memcpy", sock, n, size, rounds)) / 1e9)
-                kvd.append(moved / max(s for _i, s, _n in _round("kvd", sock, n, size, rounds)) / 1e9)
+                mem.append(moved / _span(_round("memcpy", sock, n, size, rounds)) / 1e9)
+                kvd.append(moved / _span(_round("kvd", sock, n, size, rounds)) / 1e9)
             rows.append(
                 {
                     "clients": n,
@@ -145,7 +165,7 @@ def concurrency_points(
         "lookup_streaming_p50_us": busy["p50_us"],
         "lookup_streaming_p99_us": busy["p99_us"],
         "lookup_streaming_samples": len(samples),
-        "streamed_chunks": sum(n for _i, _s, n in box["r"]),
+        "streamed_chunks": sum(r[3] for r in box["r"]),
         "stream_clients": STREAM_CLIENTS,
     }
 

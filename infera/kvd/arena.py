@@ -22,10 +22,10 @@ import os
 import threading
 import time
 
+from infera.kvd.populate import MADV_POPULATE_WRITE
 from infera.kvd.protocol import SIZE_SEALS
 
 ALIGN = 4096
-MADV_POPULATE_WRITE = 23
 ARENA_SEALS = SIZE_SEALS | fcntl.F_SEAL_SEAL  # and no further seal (e.g. F_SEAL_FUTURE_WRITE) either
 log = logging.getLogger("infera.kvd")
 

@@ -2,10 +2,9 @@
 
 Reads and writes go through the shared arena: a ``put`` reserves a region, copies the bytes into
 the mapped arena and seals it; a ``get`` leases a region, copies it out and releases the lease
-(the release rides along without waiting for a reply, so a read costs one round trip).
-
-The client is thread-safe (one lock around each request) and raises only :class:`KvdClientError`
-subclasses.
+(the release rides along without waiting for a reply, so a read costs one round trip). Each
+region reserved or leased is first populated in this client's mapping (:mod:`infera.kvd.populate`).
+The client is thread-safe (one lock around each request) and raises only ``KvdClientError``s.
 
 Connecting, and what the client checks before it trusts a daemon: :mod:`infera.kvd.clientnet`.
 """
@@ -36,6 +35,7 @@ from infera.kvd.clientnet import (
     error_of,
 )
 from infera.kvd.clientwire import Wire
+from infera.kvd.populate import Populated
 from infera.kvd.protocol import ArenaFdError, default_socket_path, map_arena
 
 Buffer = bytes | bytearray | memoryview
@@ -75,6 +75,7 @@ class KvdClient(Wire):
         self.namespace = namespace
         self._map: mmap.mmap | None = None
         self._view: memoryview | None = None
+        self._populated: Populated | None = None  # what this mapping has faulted in
         self.arena_size = 0
         self.server_version = ""
         self.long_tier: str | None = None
@@ -140,12 +141,23 @@ class KvdClient(Wire):
                     hint="is this a kvd daemon of this version? restart it, or check what listens there",
                 ) from None
             self._view = memoryview(self._map)
+            self._populated = Populated(self._map, size)
 
     @property
     def arena(self) -> memoryview:
         if self._view is None:
             raise KvdClientError("this client was opened with want_arena=False")
         return self._view
+
+    def _ready(self, offset: Any, length: Any) -> None:
+        """A region is about to be copied: populate it in this mapping (:mod:`infera.kvd.populate`)."""
+        if self._populated is not None:
+            self._populated.ensure(offset, length)
+
+    def prefault(self) -> None:
+        """Populate the whole arena in this client's mapping now (as a long-lived client has once
+        it has touched every region); commits the arena's memory."""
+        self._ready(0, self.arena_size)
 
     # -- public API -------------------------------------------------------------------------
     def put(self, key: bytes, data: Buffer, retention: str = "long", overwrite: bool = False) -> bool:
@@ -177,6 +189,7 @@ class KvdClient(Wire):
         for slot, view in zip(slots, views, strict=True):
             if isinstance(slot, list):
                 token, off = slot
+                self._ready(off, view.nbytes)
                 arena[off : off + view.nbytes] = view
                 tokens.append(token)
                 stored.append(True)
@@ -217,7 +230,11 @@ class KvdClient(Wire):
             overwrite=overwrite,
             **fields,
         )
-        return [tuple(s) if isinstance(s, list) else s for s in reply["slots"]]  # type: ignore[misc]
+        slots = [tuple(s) if isinstance(s, list) else s for s in reply["slots"]]
+        for slot, n in zip(slots, lengths, strict=False):
+            if isinstance(slot, tuple) and len(slot) == 2:  # about to be filled
+                self._ready(slot[1], n)
+        return slots  # type: ignore[return-value]
 
     def seal(self, tokens: Sequence[int], wait: bool = True) -> None:
         if not tokens:
@@ -274,7 +291,11 @@ class KvdClient(Wire):
         stays valid until :meth:`release`. ``ram_only``: chunks only the long tier holds come
         back as None instead of being read into RAM (the caller reads them itself)."""
         reply = self.request("GET", keys=list(keys), **({"ram_only": True} if ram_only else {}))
-        return [tuple(i) if i is not None else None for i in reply["items"]]  # type: ignore[misc]
+        items = [tuple(i) if i is not None else None for i in reply["items"]]
+        for item in items:
+            if item is not None and len(item) == 3:  # about to be read
+                self._ready(item[1], item[2])
+        return items  # type: ignore[return-value]
 
     def release(self, leases: Iterable[int]) -> None:
         tokens = list(leases)
