@@ -37,10 +37,11 @@ def populate(region: mmap.mmap, offset: int, length: int) -> bool:
 class Populated:
     """What one mapping of the arena has populated, by ``GRAIN``; :meth:`ensure` before copying."""
 
-    __slots__ = ("_done", "_region", "enabled")
+    __slots__ = ("_done", "_region", "_size", "enabled")
 
     def __init__(self, region: mmap.mmap, size: int) -> None:
         self._region = region
+        self._size = size
         self._done = bytearray(size // GRAIN + 1)
         self.enabled = True
 
@@ -50,6 +51,8 @@ class Populated:
         the bookkeeping). Where the kernel refuses, pages fault in as before. Values that are not
         a region (from a daemon that misbehaves) are left to the caller's own checks."""
         if type(offset) is not int or type(length) is not int or offset < 0 or length <= 0:
+            return
+        if offset + length > self._size:  # never past the mapping (nor the bookkeeping)
             return
         first = -(-offset // GRAIN)
         end = (offset + length) // GRAIN  # grains wholly inside the region

@@ -77,7 +77,8 @@ def test_a_region_is_populated_once_and_a_refusal_turns_populating_off() -> None
         assert bytes(p._done[:4]) == b"\0\1\0\0"
         for bad in (-1, "0", None):  # not an offset (a daemon that misbehaves): nothing happens
             p.ensure(bad, GRAIN)
-        assert p.enabled
+        p.ensure(4 * GRAIN, 1 << 62)  # past the mapping: nothing populated, nothing remembered
+        assert p.enabled and len(p._done) == 9 and bytes(p._done[4:]) == b"\0" * 5
         region.close()
         p.ensure(4 * GRAIN, 2 * GRAIN)  # the kernel (here: the closed mapping) refuses
         assert not p.enabled
