@@ -208,19 +208,16 @@ class Ops:
         # ram_only: the caller reads long-tier misses itself (GPU-direct); no promotion, and
         # what it will read is not counted as a miss here (it reports its own counters)
         ram_only = bool(msg.get("ram_only", False))
-        if long is not None and not msg.get("_resumed") and not ram_only:
-            # RAM misses the long tier holds are read into the arena by its threads; the reply
-            # waits for them (see resume), the loop does not.
-            index = store.index
-            if any(k not in index for k in ikeys) and long.fetch(
-                ikeys, lambda: self.resume(client, msg, self.op_get)
-            ):
-                return None
+        found = store.find_many(ikeys)  # (a prompt's keys: along its chain of chunks)
+        # RAM misses the long tier holds are read into the arena by its threads; the reply waits
+        # for them (see resume), the loop does not.
+        fetch = not msg.get("_resumed") and not ram_only and None in found
+        if long is not None and fetch and long.fetch(ikeys, lambda: self.resume(client, msg, self.op_get)):
+            return None
         items: list[Any] = []
         hits = 0
         direct = 0
-        for ikey in ikeys:
-            chunk = store.find(ikey)
+        for ikey, chunk in zip(ikeys, found, strict=True):
             if chunk is None:
                 if ram_only and long is not None and long.contains(ikey):
                     direct += 1

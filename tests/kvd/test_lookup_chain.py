@@ -1,4 +1,4 @@
-"""LOOKUP follows a prompt's chain of chunks (``Chunk.succ``) instead of probing the index for
+"""LOOKUP and GET follow a prompt's chain of chunks (``Chunk.succ``) instead of probing the index for
 every key: the answer must always be what the index alone would say, whatever writes, deletes,
 overwrites, evictions and key orders came before, and the links must only ever join indexed
 chunks (nothing evicted is kept alive by a link). A hostile client that thrashes the links does
@@ -57,7 +57,7 @@ def _check_links(store: Store) -> None:
 
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["put", "lookup", "delete"]),
+        st.sampled_from(["put", "lookup", "get", "delete"]),
         st.lists(st.integers(0, len(KEYS) - 1), min_size=1, max_size=8),
     ),
     min_size=1,
@@ -75,6 +75,9 @@ def test_lookup_answers_what_the_index_says(steps: list[tuple[str, list[int]]], 
             _put(store, keys)
         elif op == "delete":
             store.delete(keys)
+        elif op == "get":  # GET and LEASE: every key, found or not
+            want_chunks = [store.index.get(k) for k in keys]
+            assert store.find_many(keys) == want_chunks
         else:
             want = _by_index(store, keys)
             assert store.count_present(keys) == want
