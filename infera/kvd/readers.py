@@ -1,0 +1,76 @@
+"""The RAM tier's reads of its index (a mixin of :class:`infera.kvd.store.Store`): one key, and a
+request's keys along a prompt's chain of chunks (:func:`infera.kvd.chunk.link`), for GET, LEASE
+and LOOKUP."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import cast
+
+from infera.kvd.chunk import EPHEMERAL, Chunk, link
+
+
+class Readers:
+    """Reads for :class:`infera.kvd.store.Store` (the store owns the state named here)."""
+
+    index: dict[bytes, Chunk]
+    clock: Callable[[], float]
+
+    def _expire(self, chunk: Chunk) -> None:  # provided by the store
+        raise NotImplementedError
+
+    def find(self, ikey: bytes) -> Chunk | None:
+        chunk = self.index.get(ikey)
+        if chunk is not None and chunk.retention == EPHEMERAL and chunk.expires <= self.clock():
+            self._expire(chunk)
+            return None
+        return chunk
+
+    def find_many(
+        self, ikeys: list[bytes], stop_at_miss: bool = False, expire: bool = True
+    ) -> list[Chunk | None]:
+        """The chunks of ``ikeys`` (None where absent or expired), in order, for LOOKUP and GET:
+        a prompt's keys come in the order they were sealed, so each chunk's successor
+        (:func:`~infera.kvd.chunk.link`) is compared with the next key before the index is probed;
+        two misses of that in a row and the rest are probed directly. ``stop_at_miss``: the list
+        ends at the first None. ``expire``: an expired ephemeral chunk is dropped (as :meth:`find`)
+        rather than only reported absent."""
+        get = self.index.get
+        now = self.clock()
+        out: list[Chunk | None] = []
+        prev: Chunk | None = None
+        strikes = 0  # the chain failed twice in a row: keys not in stored order, the index only
+        for ikey in ikeys:
+            chunk = prev.succ if prev is not None and strikes < 2 else None  # the next chunk?
+            if chunk is not None and chunk.ikey == ikey:
+                strikes = 0
+            else:
+                strikes += prev is not None
+                chunk = get(ikey)
+                if chunk is not None and prev is not None and prev.succ is None and chunk.pred is None:
+                    link(prev, chunk)  # a gap between two SEAL batches: never moves a link
+            if chunk is not None and chunk.retention == EPHEMERAL and chunk.expires <= now:
+                if expire:
+                    self._expire(chunk)
+                chunk = None
+            out.append(chunk)
+            if chunk is None and stop_at_miss:
+                break
+            prev = chunk
+        return out
+
+    def count_present(self, ikeys: list[bytes], hold_s: float = 0.0) -> int:
+        """LOOKUP's hot loop: how many of ``ikeys`` are in RAM counting from the first (so a long
+        tier can continue the count at that index). Found chunks are touched (and held for
+        ``hold_s``)."""
+        found = self.find_many(ikeys, stop_at_miss=True, expire=False)
+        if found and found[-1] is None:
+            found.pop()
+        now = self.clock()
+        hold_until = now + hold_s
+        for chunk in cast("list[Chunk]", found):  # (no None left)
+            chunk.last_access = now
+            chunk.ref = True
+            if hold_s and chunk.hold_until < hold_until:
+                chunk.hold_until = hold_until
+        return len(found)
