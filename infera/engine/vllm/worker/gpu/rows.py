@@ -37,7 +37,28 @@ def check_rows(t: torch.Tensor, lo: int, pitch: int, width: int, height: int, wh
         raise RowCopyError(f"{what}: {height} rows of {width} bytes at {lo} leave its {t.numel()} bytes")
 
 
-def torch_rows(
+def _checked(copy: RowCopy) -> RowCopy:
+    """``copy`` behind the bounds checks of both sides (every row copy goes through this)."""
+
+    def rows(
+        dst: torch.Tensor,
+        dlo: int,
+        dpitch: int,
+        src: torch.Tensor,
+        slo: int,
+        spitch: int,
+        width: int,
+        height: int,
+        stream: Any,
+    ) -> None:
+        check_rows(dst, dlo, dpitch, width, height, "destination")
+        check_rows(src, slo, spitch, width, height, "source")
+        copy(dst, dlo, dpitch, src, slo, spitch, width, height, stream)
+
+    return rows
+
+
+def _torch_copy(
     dst: torch.Tensor,
     dlo: int,
     dpitch: int,
@@ -48,11 +69,11 @@ def torch_rows(
     height: int,
     stream: Any,
 ) -> None:
-    """The rows copied with torch (CPU tensors: the same arithmetic as the 2D DMA)."""
-    check_rows(dst, dlo, dpitch, width, height, "destination")
-    check_rows(src, slo, spitch, width, height, "source")
     d = dst.as_strided((height, width), (dpitch, 1), dst.storage_offset() + dlo)
     d.copy_(src.as_strided((height, width), (spitch, 1), src.storage_offset() + slo))
+
+
+torch_rows = _checked(_torch_copy)  # CPU tensors: the same arithmetic as the 2D DMA
 
 
 def _loaded_runtime() -> tuple[str, str] | None:
@@ -85,7 +106,7 @@ def row_copier(device: torch.device) -> tuple[RowCopy | None, str]:
     fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t]
     fn.argtypes += [ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
 
-    def dma_rows(
+    def dma_copy(
         dst: torch.Tensor,
         dlo: int,
         dpitch: int,
@@ -96,12 +117,10 @@ def row_copier(device: torch.device) -> tuple[RowCopy | None, str]:
         height: int,
         stream: Any,
     ) -> None:
-        check_rows(dst, dlo, dpitch, width, height, "destination")
-        check_rows(src, slo, spitch, width, height, "source")
         code = fn(
             dst.data_ptr() + dlo, dpitch, src.data_ptr() + slo, spitch, width, height, H2D, stream.cuda_stream
         )
         if code != 0:
             raise RowCopyError(f"{name} failed with error {code}")
 
-    return dma_rows, f"{name} ({path.rsplit('/', 1)[-1]})"
+    return _checked(dma_copy), f"{name} ({path.rsplit('/', 1)[-1]})"
