@@ -1,5 +1,6 @@
-"""A chunk of the RAM tier and its policy state (retention class, leases, pins, holds, where
-it sits in the eviction queues); the index that holds them is :mod:`infera.kvd.store`."""
+"""A chunk of the RAM tier and its policy state (retention class, leases, pins, where it sits in
+the eviction queues); the index that holds them is :mod:`infera.kvd.flatindex`, which also keeps
+each chunk's CLOCK access bit and LOOKUP hold (in its table, so a LOOKUP never touches a chunk)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,7 @@ class Chunk:
 
     __slots__ = (
         "expires",
-        "hold_until",
         "ikey",
-        "last_access",
         "leases",
         "length",
         "offset",
@@ -30,7 +29,6 @@ class Chunk:
         "pins",
         "pred",
         "queued",
-        "ref",
         "retention",
         "sealed",
         "succ",
@@ -46,13 +44,10 @@ class Chunk:
         self.zombie = False
         self.leases = 0
         self.pins = 0  # internal holds (e.g. a long-tier write reading the bytes)
-        self.hold_until = 0.0
         self.expires = 0.0
-        self.last_access = 0.0
         self.on_long = False
         self.parked = IN_LRU
         self.queued = 0  # entries of this chunk in its class's eviction deque (the last is live)
-        self.ref = False  # accessed since it was queued: the victim scan gives it a second chance
         # the chunk that followed this one in the last SEAL or LOOKUP that had both (see link())
         self.succ: Chunk | None = None
         self.pred: Chunk | None = None
@@ -64,9 +59,6 @@ class Chunk:
     @property
     def key(self) -> bytes:
         return key_of(self.ikey)
-
-    def evictable(self, now: float) -> bool:
-        return self.leases == 0 and self.pins == 0 and self.hold_until <= now
 
 
 def link(a: Chunk, b: Chunk) -> None:

@@ -2,7 +2,7 @@
 
 The eviction queue of a class (``lru[cls]``) is a deque of chunks, oldest first, kept by the CLOCK
 rule (second chance): an access (LOOKUP, GET, a PUT of a present key) only sets the chunk's
-``ref`` bit, and the victim scan sends a chunk whose bit is set back to the young end once,
+access bit (kept in the index's table, :mod:`infera.kvd.flatindex`), and the victim scan sends a chunk whose bit is set back to the young end once,
 clearing the bit, instead of evicting it. A LOOKUP of 1,000 keys thus writes one attribute per key
 instead of relinking an ordered dict (half of its cost with a million chunks indexed, and 90 bytes
 per chunk). The order is exact LRU except among chunks accessed since they were queued, which go
@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from infera.kvd.arena import Allocator
 from infera.kvd.chunk import BUSY, COMPACT_MIN, EPHEMERAL, EVICTION_ORDER, HELD, IN_LRU, Chunk
+from infera.kvd.flatindex import FlatIndex
 from infera.kvd.protocol import RETENTIONS
 
 
@@ -29,6 +30,7 @@ class EvictionQueues:
     """Eviction for :class:`infera.kvd.store.Store`: expiry, the queues, the chunks set aside, the
     victim scan (the store owns the state named here)."""
 
+    index: FlatIndex  # also keeps each chunk's access bit and hold
     lru: dict[int, deque[Chunk]]
     stale: dict[int, int]
     parked: dict[int, dict[bytes, Chunk]]
@@ -56,13 +58,16 @@ class EvictionQueues:
             if chunk.expires > now:
                 break
             del queue[chunk.ikey]
-            if chunk.evictable(now):
+            if self.evictable(chunk, now):
                 self._expire(chunk)
                 n += 1
             elif chunk.parked == IN_LRU:
                 # in use: set aside; it expires when it comes back (see _unpark)
                 self._park(chunk, BUSY if chunk.leases or chunk.pins else HELD)
         return n
+
+    def evictable(self, chunk: Chunk, now: float) -> bool:
+        return not chunk.leases and not chunk.pins and self.index.hold_until(chunk) <= now
 
     def _alloc_evicting(self, length: int) -> int | None:
         off = self.alloc.alloc(length)
@@ -83,11 +88,13 @@ class EvictionQueues:
                     return off
         return None
 
-    def _enqueue(self, chunk: Chunk) -> None:
-        """Append an indexed chunk to its class's eviction candidates (the young end)."""
+    def _enqueue(self, chunk: Chunk, new: bool = False) -> None:
+        """Append an indexed chunk to its class's eviction candidates (the young end), its
+        access bit cleared (a ``new`` entry of the index starts clear)."""
         self.lru[chunk.retention].append(chunk)
         chunk.queued += 1
-        chunk.ref = False
+        if not new:
+            self.index.set_ref(chunk, False)
 
     def _stale_entry(self, cls: int) -> None:
         """One more entry of the deque of ``cls`` no longer stands for its chunk (whose state
@@ -119,7 +126,7 @@ class EvictionQueues:
 
     def _push_held(self, chunk: Chunk) -> None:
         heap = self._held
-        heapq.heappush(heap, (chunk.hold_until, next(self._seq), chunk))
+        heapq.heappush(heap, (self.index.hold_until(chunk), next(self._seq), chunk))
         self._held_n += 1
         if len(heap) > 2 * self._held_n + 1024:  # mostly stale entries (chunks gone): compact
             self._held = [e for e in heap if e[2].parked == HELD]
@@ -128,7 +135,7 @@ class EvictionQueues:
     def _unpark(self, chunk: Chunk, now: float) -> None:
         """A parked chunk without leases or pins: held still, back to the candidates (at the MRU
         end), or, an ephemeral chunk whose TTL passed meanwhile, expired."""
-        if chunk.hold_until > now:
+        if self.index.hold_until(chunk) > now:
             if chunk.parked != HELD:
                 chunk.parked = HELD
                 self._push_held(chunk)
@@ -147,7 +154,7 @@ class EvictionQueues:
             if chunk.parked != HELD:
                 continue  # stale: the chunk went meanwhile
             self._held_n -= 1
-            if chunk.hold_until > now:  # the hold was renewed while parked
+            if self.index.hold_until(chunk) > now:  # the hold was renewed while parked
                 self._push_held(chunk)
             elif chunk.leases or chunk.pins:
                 chunk.parked = BUSY  # back when the last lease or pin goes
@@ -165,10 +172,12 @@ class EvictionQueues:
                 self.stale[cls] -= 1  # an older entry of a re-queued chunk, or a chunk gone
             elif chunk.leases or chunk.pins:
                 self._park(chunk, BUSY)
-            elif chunk.hold_until > now:
-                self._park(chunk, HELD)
-            elif chunk.ref:
-                self._enqueue(chunk)  # second chance (clears the bit)
             else:
-                return chunk
+                ref, hold_until = self.index.state(chunk)
+                if hold_until > now:
+                    self._park(chunk, HELD)
+                elif ref:
+                    self._enqueue(chunk)  # second chance (clears the bit)
+                else:
+                    return chunk
         return None

@@ -5,15 +5,17 @@ and LOOKUP."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
+
+import numpy as np
 
 from infera.kvd.chunk import EPHEMERAL, Chunk, link
+from infera.kvd.flatindex import FlatIndex
 
 
 class Readers:
     """Reads for :class:`infera.kvd.store.Store` (the store owns the state named here)."""
 
-    index: dict[bytes, Chunk]
+    index: FlatIndex
     clock: Callable[[], float]
 
     def _expire(self, chunk: Chunk) -> None:  # provided by the store
@@ -60,17 +62,25 @@ class Readers:
         return out
 
     def count_present(self, ikeys: list[bytes], hold_s: float = 0.0) -> int:
-        """LOOKUP's hot loop: how many of ``ikeys`` are in RAM counting from the first (so a long
+        """LOOKUP's hot path: how many of ``ikeys`` are in RAM counting from the first (so a long
         tier can continue the count at that index). Found chunks are touched (and held for
-        ``hold_s``)."""
-        found = self.find_many(ikeys, stop_at_miss=True, expire=False)
-        if found and found[-1] is None:
-            found.pop()
+        ``hold_s``). One vectorized probe of the index's table for all keys
+        (:meth:`FlatIndex.probe`); chunk objects are read only for ephemeral hits (has the TTL
+        passed? then absent, but not dropped here)."""
+        if not ikeys:
+            return 0
+        index = self.index
+        slot, tag = index.probe(ikeys)
+        miss = np.flatnonzero(slot < 0)
+        count = int(miss[0]) if miss.size else len(ikeys)
         now = self.clock()
-        hold_until = now + hold_s
-        for chunk in cast("list[Chunk]", found):  # (no None left)
-            chunk.last_access = now
-            chunk.ref = True
-            if hold_s and chunk.hold_until < hold_until:
-                chunk.hold_until = hold_until
-        return len(found)
+        eph = np.flatnonzero(tag[:count] & 1)
+        if eph.size:
+            objs = index.objs
+            for i, s in zip(eph.tolist(), slot[eph].tolist(), strict=True):
+                if objs[s].expires <= now:
+                    count = i
+                    break
+        if count:
+            index.touch_many(slot[:count], now + hold_s if hold_s else 0.0)
+        return count

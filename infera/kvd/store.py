@@ -59,6 +59,7 @@ from infera.kvd.chunk import (
     unlink_chain,
 )
 from infera.kvd.evictq import EvictionQueues
+from infera.kvd.flatindex import FlatIndex
 from infera.kvd.namespaces import NamespaceTable
 from infera.kvd.protocol import RETENTIONS
 from infera.kvd.readers import Readers
@@ -76,7 +77,7 @@ class Store(EvictionQueues, Readers):
         self.alloc = Allocator(capacity)
         self.ephemeral_ttl = ephemeral_ttl
         self.clock = clock
-        self.index: dict[bytes, Chunk] = {}
+        self.index = FlatIndex()  # ikey -> sealed chunk, with each one's access bit and hold
         self.pending: dict[bytes, Chunk] = {}
         # eviction candidates, oldest first (CLOCK, see the module docstring), with their stale
         # entries counted; the chunks the scan set aside; indexed chunks per class
@@ -209,13 +210,12 @@ class Store(EvictionQueues, Readers):
             self._unlink(old, "overwrite")
         now = self.clock()
         chunk.sealed = True
-        chunk.last_access = now
         if chunk.retention == EPHEMERAL:
             chunk.expires = now + self.ephemeral_ttl
             self._by_expiry[chunk.ikey] = chunk
         self.index[chunk.ikey] = chunk
         self._count[chunk.retention] += 1
-        self._enqueue(chunk)
+        self._enqueue(chunk, new=True)
         self.bytes_stored += chunk.length
         self.c["sets_total"] += 1
         self.c["bytes_in_total"] += chunk.length
@@ -250,10 +250,9 @@ class Store(EvictionQueues, Readers):
         if self.pending.get(chunk.ikey) is chunk:
             del self.pending[chunk.ikey]
         chunk.sealed = True
-        chunk.last_access = self.clock()
         self.index[chunk.ikey] = chunk
         self._count[chunk.retention] += 1
-        self._enqueue(chunk)
+        self._enqueue(chunk, new=True)
         self.bytes_stored += chunk.length
 
     def cancel_hidden(self, chunk: Chunk) -> None:
@@ -264,8 +263,7 @@ class Store(EvictionQueues, Readers):
 
     # -- readers ----------------------------------------------------------------------------
     def touch(self, chunk: Chunk) -> None:
-        chunk.last_access = self.clock()
-        chunk.ref = True  # (set aside: it goes back to the young end anyway)
+        self.index.set_ref(chunk)  # (set aside: it goes back to the young end anyway)
 
     def lease(self, chunk: Chunk) -> None:
         chunk.leases += 1
@@ -291,7 +289,7 @@ class Store(EvictionQueues, Readers):
             self._unpark(chunk, self.clock())
 
     def hold(self, chunk: Chunk, seconds: float) -> None:
-        chunk.hold_until = max(chunk.hold_until, self.clock() + seconds)
+        self.index.hold(chunk, self.clock() + seconds)
 
     # -- removal ----------------------------------------------------------------------------
     def delete(self, ikeys: Iterable[bytes]) -> int:

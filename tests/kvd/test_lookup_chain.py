@@ -1,5 +1,5 @@
-"""LOOKUP and GET follow a prompt's chain of chunks (``Chunk.succ``) instead of probing the index for
-every key: the answer must always be what the index alone would say, whatever writes, deletes,
+"""GET and LEASE follow a prompt's chain of chunks (``Chunk.succ``) instead of probing the index for
+every key, and LOOKUP probes the index's table for all its keys at once: the answer must always be what the index alone would say, whatever writes, deletes,
 overwrites, evictions and key orders came before, and the links must only ever join indexed
 chunks (nothing evicted is kept alive by a link). A hostile client that thrashes the links does
 not disturb a healthy one."""
@@ -47,6 +47,12 @@ def _by_index(store: Store, keys: list[bytes]) -> int:
     return n
 
 
+def _read(store: Store, keys: list[bytes]) -> int:
+    """How many of ``keys`` a GET or LEASE finds, counting from the first (they walk the chain;
+    LOOKUP probes the index's table for all keys at once and never links)."""
+    return sum(c is not None for c in store.find_many(keys, stop_at_miss=True))
+
+
 def _check_links(store: Store) -> None:
     for chunk in store.index.values():
         for other, back in ((chunk.succ, "pred"), (chunk.pred, "succ")):
@@ -87,32 +93,32 @@ def test_lookup_answers_what_the_index_says(steps: list[tuple[str, list[int]]], 
         assert chunk.succ is None and chunk.pred is None, "a chunk that left keeps no link"
 
 
-def test_a_lookup_links_what_it_found_and_a_removal_unlinks() -> None:
+def test_a_read_links_what_it_found_and_a_removal_unlinks() -> None:
     store = Store(8 * ALIGN)
     _put(store, KEYS[:2])
     _put(store, KEYS[2:4])  # a second batch: not linked to the first yet
     a, b, c = (store.index[k] for k in KEYS[1:4])
     assert a.succ is None and b.succ is c
-    assert store.count_present(KEYS[:4]) == 4
-    assert a.succ is b and b.pred is a, "the LOOKUP joined the two batches"
+    assert _read(store, KEYS[:4]) == 4
+    assert a.succ is b and b.pred is a, "the read joined the two batches"
     store.delete([KEYS[2]])
     assert b.succ is None and c.pred is None
-    assert store.count_present(KEYS[:4]) == 2
+    assert _read(store, KEYS[:4]) == 2
     _put(store, [KEYS[2]])  # back, as a new chunk: found through the index, linked again
-    assert store.count_present(KEYS[:4]) == 4
+    assert _read(store, KEYS[:4]) == 4
     assert store.index[KEYS[1]].succ is store.index[KEYS[2]]
 
 
-def test_a_lookup_never_moves_a_link() -> None:
-    """A shared prefix keeps the branch it was sealed with; a LOOKUP of the other branch probes
-    the index for its first chunk and writes nothing (LOOKUPs in any order cost no link writes)."""
+def test_a_read_never_moves_a_link() -> None:
+    """A shared prefix keeps the branch it was sealed with; a GET of the other branch probes
+    the index for its first chunk and writes nothing (reads in any order cost no link writes)."""
     store = Store(8 * ALIGN)
     head, x, y = KEYS[0], KEYS[1], KEYS[2]
     _put(store, [head, x])
     _put(store, [y])
-    assert store.count_present([head, y]) == 2
+    assert _read(store, [head, y]) == 2
     assert store.index[head].succ is store.index[x] and store.index[y].pred is None
-    assert store.count_present([y, x]) == 2
+    assert _read(store, [y, x]) == 2
     assert store.index[y].succ is None and store.index[x].pred is store.index[head]
 
 

@@ -95,15 +95,8 @@ def wsum31(data: Buffer) -> int:
     view = memoryview(data).cast("B")
     if view.nbytes % 2:
         view = memoryview(bytes(view) + b"\0")
-    try:  # numpy is ~30x faster, even for a 4 KiB header (checked at every index rebuild)
-        import numpy as np
-    except ImportError:
-        words = view.cast("H") if _little_endian() and view.nbytes <= 1 << 16 else None
-        if words is None:
-            raise OtherVersion("checksum wsum31 over large payloads needs numpy") from None
-        s1 = sum(words)
-        s2 = sum((i + 1) * h for i, h in enumerate(words))
-        return wsum_combine(s1, s2)
+    import numpy as np  # (a dependency: the RAM index's table needs it too)
+
     words_np = np.frombuffer(view, dtype="<u2")
     w0 = np.arange(1, WSUM_PIECE + 1, dtype=np.int64)
     s1 = s2 = 0
@@ -115,9 +108,3 @@ def wsum31(data: Buffer) -> int:
         s1 += total
         s2 += start * total + int(np.dot(w0[: h.size], h))
     return wsum_combine(s1, s2)
-
-
-def _little_endian() -> bool:
-    import sys
-
-    return sys.byteorder == "little"
