@@ -33,6 +33,18 @@ WAIT_S = 900.0
 POLL_S = 0.005
 
 
+def _long_when(c: Any, pred: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
+    """The long tier's stats once ``pred`` holds for them (polled every ``POLL_S``)."""
+
+    def check() -> dict[str, Any] | None:
+        s: dict[str, Any] = c.stats()["tiers"]["long"]
+        return s if pred(s) else None
+
+    found = wait_until(check, WAIT_S, what, POLL_S)
+    assert found is not None
+    return found
+
+
 def crash_times(long_path: str, files: int) -> dict[str, Any]:
     """A daemon on ``files`` chunk files writes ``CRASH_PUTS`` more, is killed with -9 and started
     again: seconds from that start to its first answer (``serving_s``), to a loaded index
@@ -62,19 +74,9 @@ def crash_times(long_path: str, files: int) -> dict[str, Any]:
         d.start(60)
         out["serving_s"] = time.perf_counter() - t
         with KvdClient(d.socket, namespace=DISK_NS, name="kvd-bench") as c:
-            st = wait_until(
-                lambda: (s := c.stats()["tiers"]["long"])["state"] != "loading" and s,
-                WAIT_S,
-                "index load",
-                POLL_S,
-            )
+            _long_when(c, lambda s: s["state"] != "loading", "index load")
             out["loaded_s"] = time.perf_counter() - t
-            st = wait_until(
-                lambda: (s := c.stats()["tiers"]["long"])["reconcile"] in ("finished", "failed", None) and s,
-                WAIT_S,
-                "reconcile",
-                POLL_S,
-            )
+            st = _long_when(c, lambda s: s["reconcile"] in ("finished", "failed", None), "reconcile")
             out["reconciled_s"] = time.perf_counter() - t
             out.update({k: st.get(k) for k in ("index_source", "index_load_s", "reconcile", "reconcile_s")})
             out.update({k: st.get(k) for k in ("reconcile_added", "reconcile_dropped", "index_detail")})

@@ -196,7 +196,7 @@ def take(root_fd: int) -> tuple[Snapshot | None, str]:
             e.name
             for e in it
             if e.name.startswith(
-                (f".{INDEX_FILE}.", f".{diskjournal.JOURNAL_FILE}.", f"{diskjournal.NEXT_FILE}.")
+                (f".{INDEX_FILE}.", f".{diskjournal.JOURNAL_FILE}.", f".{diskjournal.NEXT_FILE}.")
             )
             and cf.is_temp_name(e.name)
         ]
