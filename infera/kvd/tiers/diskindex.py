@@ -250,7 +250,7 @@ def restore(root: str, root_fd: int) -> Loaded:
         detail = f"checkpoint of {len(snap.entries)} chunks + {len(replay.records)} journal records"
         if replay.torn:
             detail += f"; a torn journal tail of {replay.torn} bytes ignored"
-        result = diskscan.ScanResult()
+        result = diskscan.scan_safely(root, only=set())  # the quarantine and other versions only
         return Loaded(result, entries, "snapshot+journal", detail, snap.generation, replay)
     now = fan_stamps(root_fd)
     stale = {f for f, stamp in now.items() if snap.fans.get(f) != stamp}
