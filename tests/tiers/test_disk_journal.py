@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import struct
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -79,6 +81,13 @@ def test_kill_9_restart_replays_checkpoint_and_journal_without_a_scan(
         s = reconciled(c)
         assert (s["reconcile_added"], s["reconcile_dropped"]) == (0, 0), "the journal was complete"
         assert s["hits"] == 20 and s["corrupt_chunks"] == 0
+        stat = subprocess.run(
+            [sys.executable, "-m", "infera.kvd.statctl", "--socket", d.socket],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert "(snapshot+journal), reconcile finished in" in stat.stdout, stat.stdout + stat.stderr
     log = d.log()
     assert log.count(": scanned ") == 1, "only the first start (an empty tree) scans"
     assert "reconcile finished" in log and "0 indexed that the journal missed, 0 entries dropped" in log
@@ -114,7 +123,7 @@ def _rewrite_header(path: Path, generation: bytes) -> None:
     path.write_bytes(raw)
 
 
-@pytest.mark.parametrize("how", ["torn", "flipped", "generation", "garbage"])
+@pytest.mark.parametrize("how", ["torn", "flipped", "generation", "garbage", "link"])
 def test_damaged_journal_falls_back_safely(start_daemon: Callable[..., Daemon], root: Path, how: str) -> None:
     d, data = crashed(start_daemon, root, 12)
     path = journal_file(root)
@@ -131,6 +140,11 @@ def test_damaged_journal_falls_back_safely(start_daemon: Callable[..., Daemon], 
         path.write_bytes(flipped)
     elif how == "generation":  # a well-formed journal of another checkpoint
         _rewrite_header(path, os.urandom(16))
+    elif how == "link":  # a symbolic link planted in its place (to a well-formed copy): never followed
+        target = root.parent / "elsewhere.journal"
+        target.write_bytes(raw)
+        path.unlink()
+        path.symlink_to(target)
     else:
         path.write_bytes(os.urandom(len(raw)))
     d.start()
@@ -145,13 +159,20 @@ def test_damaged_journal_falls_back_safely(start_daemon: Callable[..., Daemon], 
         else:
             assert s["index_source"] == "scan", s["index_detail"]
             assert "journal not used" in s["index_detail"], s["index_detail"]
-            expect = {"generation": "another generation", "flipped": "damaged", "garbage": "magic"}[how]
+            expect = {
+                "generation": "another generation",
+                "flipped": "damaged",
+                "garbage": "magic",
+                "link": "not a regular file",
+            }[how]
             assert expect in s["index_detail"], s["index_detail"]
         assert long_stats(c)["chunks"] == 12
         all_served(c, data)
         enough_rounds(probe)
     probe.assert_healthy()
     assert d.log().count("journal not used") == (how != "torn")
+    if how == "link":
+        assert (root.parent / "elsewhere.journal").read_bytes() == raw, "a link is never followed"
 
 
 def test_replay_and_reconcile_of_a_large_tree_keep_a_healthy_client_served(

@@ -142,7 +142,7 @@ def _read(root_fd: int, name: str) -> bytes | None:
     except FileNotFoundError:
         return None
     except cf.NotRegular as exc:
-        raise BadJournal(f"{name}: {exc}") from None
+        raise BadJournal(str(exc)) from None
     try:
         chunks = []
         while block := os.read(fd, 1 << 24):
