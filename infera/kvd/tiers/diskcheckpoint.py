@@ -3,9 +3,11 @@
 Every index change (a file landed, a file removed from the index) becomes a journal record; the
 records of one loop iteration are written as one frame at its end (no fsync: :mod:`.diskjournal`
 says what a crash or a power loss costs). When the journal holds more than ``CHECKPOINT_RECORDS``
-records (or half the index, if larger) the loop copies the index, opens the next generation's
-journal (records now go to both) and a thread writes the new checkpoint; once it is in place the
-loop renames the next journal over the old one. The loop never waits on the disk for it.
+records (or half the index, if larger) the loop opens the next generation's journal (records now
+go to both) and a thread builds the new checkpoint from the files alone (the checkpoint with the
+journal replayed up to that point: :func:`.diskindex.roll`) and writes it; once it is in place the
+loop renames the next journal over the old one. The loop neither copies the index nor waits on the
+disk for it. The checkpoint's order is the journal's (landing order), not the live LRU order.
 
 A journal that cannot be written is removed (logged once): the next start then scans, or checks
 the fan directories of a clean stop's checkpoint, instead of replaying an incomplete journal.
@@ -117,27 +119,28 @@ class CheckpointMixin:
 
     # -- checkpoint rewrites ---------------------------------------------------------------------
     def _start_checkpoint(self) -> None:
+        """Loop, right after a flush: records from now on go to both journals; a thread builds the
+        new checkpoint from the old one and the old journal up to here (the live index is not
+        copied: that would hold the loop for a third of a second per million entries)."""
+        j = self.journal
         generation = os.urandom(16)
         try:
+            assert j.fd is not None
+            journal_len = os.fstat(j.fd).st_size
             v1 = diskindex.v1_id(self.root_fd)
             next_fd = diskjournal.create(self.root_fd, diskjournal.NEXT_FILE, v1, generation)
         except OSError as exc:
             self._retry_at = time.monotonic() + RETRY_S
             log.warning("disk tier: cannot start an index checkpoint: %s", exc.strerror or exc)
             return
-        self.journal.next_fd, self._next_records, self._rewriting = next_fd, 0, True
-        entries = list(self.index.items())
-        log.info(
-            "disk tier: index checkpoint of %d chunks started (journal: %d records)",
-            len(entries),
-            self.journal.records,
-        )
-        args = (entries, generation)
+        j.next_fd, self._next_records, self._rewriting = next_fd, 0, True
+        log.info("disk tier: index checkpoint started (journal: %d records)", j.records)
+        args = (journal_len, generation)
         threading.Thread(
             target=self._write_checkpoint, args=args, name="kvd-disk-checkpoint", daemon=True
         ).start()
 
-    def _write_checkpoint(self, entries: list[tuple[bytes, int]], generation: bytes) -> None:
+    def _write_checkpoint(self, journal_len: int, generation: bytes) -> None:
         """Thread: the new checkpoint, atomically; then the loop switches journals."""
         t = time.monotonic()
         if self._ckpt_delay:
@@ -146,16 +149,15 @@ class CheckpointMixin:
             if self._closing:
                 return
             try:
-                size = diskindex.write(self.root_fd, entries, len(entries), generation, stamps=False)
-            except OSError as exc:
+                size = diskindex.roll(self.root_fd, journal_len, generation)
+            except (OSError, diskindex.BadSnapshot) as exc:
                 self.host.call_soon(functools.partial(self._checkpoint_failed, exc))
                 return
         if self._ckpt_delay:
             time.sleep(self._ckpt_delay)
-        done = functools.partial(self._checkpointed, len(entries), size, time.monotonic() - t)
-        self.host.call_soon(done)
+        self.host.call_soon(functools.partial(self._checkpointed, size, time.monotonic() - t))
 
-    def _checkpointed(self, count: int, size: int, seconds: float) -> None:
+    def _checkpointed(self, size: int, seconds: float) -> None:
         j = self.journal
         if self._closing or j.next_fd is None:
             return
@@ -178,11 +180,11 @@ class CheckpointMixin:
         j.fd, j.next_fd, j.records = j.next_fd, None, self._next_records + pending
         self.c["checkpoints_written"] += 1
         log.info(
-            "disk tier: index checkpoint of %d chunks written (%s, %.3fs); journal restarted",
-            *(count, format_size(size), seconds),
+            "disk tier: index checkpoint written (%s, %.3fs); journal restarted",
+            *(format_size(size), seconds),
         )
 
-    def _checkpoint_failed(self, exc: OSError) -> None:
+    def _checkpoint_failed(self, exc: OSError | diskindex.BadSnapshot) -> None:
         self._rewriting = False
         self._retry_at = time.monotonic() + RETRY_S
         j = self.journal
@@ -192,9 +194,8 @@ class CheckpointMixin:
             j.next_fd = None
         with contextlib.suppress(OSError):
             os.unlink(diskjournal.NEXT_FILE, dir_fd=self.root_fd)
-        log.warning(
-            "disk tier: index checkpoint not written: %s (the journal keeps growing)", exc.strerror or exc
-        )
+        why = (exc.strerror if isinstance(exc, OSError) else None) or exc
+        log.warning("disk tier: index checkpoint not written: %s (the journal keeps growing)", why)
 
 
 __all__ = ["CHECKPOINT_RECORDS", "CheckpointMixin"]

@@ -114,26 +114,36 @@ def fan_stamps(root_fd: int) -> dict[Fan, Stamp]:
 # -- writing (a clean stop) -----------------------------------------------------------------
 def pack(
     root_fd: int, index: Iterable[tuple[bytes, int]], count: int, fans: dict[Fan, Stamp], generation: bytes
-) -> bytes:
-    """The snapshot file's bytes for ``index`` ((fkey, size) pairs, LRU first) and ``fans``."""
+) -> bytearray:
+    """The snapshot file's bytes for ``index`` ((fkey, size) pairs, LRU first) and ``fans``. Built
+    in blocks of ``SLICE`` entries, each one C call, so a thread writing a checkpoint never holds
+    the interpreter lock long (one join of a million entries took 170 ms)."""
     dev, ino = v1_id(root_fd)
-    parts = [_HEAD.pack(MAGIC, VERSION, 0, count, len(fans), dev, ino, time.time_ns(), generation)]
-    parts += [_FAN.pack(ns8, fan, *stamp) for (ns8, fan), stamp in fans.items()]
+    blocks = [_HEAD.pack(MAGIC, VERSION, 0, count, len(fans), dev, ino, time.time_ns(), generation)]
+    blocks += [_FAN.pack(ns8, fan, *stamp) for (ns8, fan), stamp in fans.items()]
     run: list[bytes] = []
     run_len = -1
     rec = struct.Struct("<Q")
+
+    def end_run() -> None:
+        blocks.append(_RUN.pack(run_len - NS_PREFIX_LEN, len(run) // 2))
+        blocks.extend(b"".join(run[at : at + 2 * SLICE]) for at in range(0, len(run), 2 * SLICE))
+
     for fkey, size in index:
         if len(fkey) != run_len:
             if run:
-                parts.append(_RUN.pack(run_len - NS_PREFIX_LEN, len(run) // 2))
-                parts += run
+                end_run()
             run, run_len = [], len(fkey)
         run += (fkey, rec.pack(size))
     if run:
-        parts.append(_RUN.pack(run_len - NS_PREFIX_LEN, len(run) // 2))
-        parts += run
-    body = b"".join(parts)
-    return body + _SUM.pack(cf.checksum(cf.ALGO_XXH3_64, body))
+        end_run()
+    out = bytearray(sum(map(len, blocks)) + _SUM.size)
+    at = 0
+    for block in blocks:
+        out[at : at + len(block)] = block
+        at += len(block)
+    _SUM.pack_into(out, at, cf.checksum(cf.ALGO_XXH3_64, memoryview(out)[:at]))
+    return out
 
 
 def write(
@@ -144,7 +154,7 @@ def write(
     nothing writes); a checkpoint written while the daemon runs records none."""
     fans = fan_stamps(root_fd) if stamps else {}
     data = pack(root_fd, index, count, fans, generation or os.urandom(16))
-    cf.write_file_at(root_fd, INDEX_FILE, data, b"", sync="always")
+    cf.write_file_at(root_fd, INDEX_FILE, b"", data, sync="always")
     return len(data)
 
 
@@ -189,8 +199,8 @@ def unpack(data: bytes, v1_id: tuple[int, int]) -> Snapshot:
 
 
 def take(root_fd: int) -> tuple[Snapshot | None, str]:
-    """Read the checkpoint (it stays: its journal continues it): (snapshot or None, why not). A
-    leftover temporary file of an interrupted write is removed."""
+    """Read the checkpoint at start (it stays: its journal continues it): (snapshot or None, why
+    not). A leftover temporary file of an interrupted write is removed first."""
     with os.scandir(root_fd) as it:
         temps = [
             e.name
@@ -203,6 +213,11 @@ def take(root_fd: int) -> tuple[Snapshot | None, str]:
     for name in temps:
         with contextlib.suppress(OSError):
             os.unlink(name, dir_fd=root_fd)
+    return read(root_fd)
+
+
+def read(root_fd: int) -> tuple[Snapshot | None, str]:
+    """Read and check the checkpoint: (snapshot or None, why not)."""
     try:
         fd = cf.open_regular(INDEX_FILE, dir_fd=root_fd)
     except FileNotFoundError:
@@ -222,6 +237,33 @@ def take(root_fd: int) -> tuple[Snapshot | None, str]:
         return unpack(data, v1_id(root_fd)), ""
     except (BadSnapshot, OSError, struct.error) as exc:
         return None, f"index snapshot not used: {exc}"
+
+
+def roll(root_fd: int, journal_len: int, generation: bytes) -> int:
+    """A checkpoint rewrite, from the files alone (no copy of the live index): the checkpoint
+    with the first ``journal_len`` bytes of its journal replayed, written as ``generation``;
+    returns its size. Raises OSError, or BadSnapshot when the pair does not fit together."""
+    snap, why = read(root_fd)
+    if snap is None:
+        raise BadSnapshot(why)
+    fd = cf.open_regular(diskjournal.JOURNAL_FILE, dir_fd=root_fd)
+    try:
+        data = os.pread(fd, journal_len, 0)
+    finally:
+        os.close(fd)
+    try:
+        gen, replay = diskjournal.parse(data, v1_id(root_fd))
+    except diskjournal.BadJournal as exc:
+        raise BadSnapshot(f"journal: {exc}") from None
+    if gen != snap.generation or replay.torn or len(data) != journal_len:
+        raise BadSnapshot("the journal does not continue the checkpoint")
+    entries = diskjournal.replay(snap.entries, replay.records)
+    try:
+        return write(root_fd, entries, len(entries), generation, stamps=False)
+    finally:  # freed a slice at a time: one free of a million tuples holds the lock ~40 ms
+        for lst in (entries, snap.entries, replay.records):
+            while lst:
+                del lst[-SLICE:]
 
 
 def _fan_of(fkey: bytes) -> Fan:

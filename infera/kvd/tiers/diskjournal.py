@@ -32,6 +32,7 @@ the start picks the journal whose generation matches.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import struct
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ _FRAME = struct.Struct("<II")  # record bytes, records
 _REC = struct.Struct("<BB")  # op, fkey length
 _SIZE = struct.Struct("<Q")
 HEADER_SIZE = _HEAD.size + _SUM.size
+SLICE = 32768  # entries handled in one C call (the loop thread gets the GIL between them)
 _OPEN = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 
 Record = tuple[int, bytes, int]  # (op, fkey, size; 0 for REMOVED)
@@ -208,12 +210,18 @@ def reopen(root_fd: int, replay: Replay) -> int:
 def replay(entries: list[tuple[bytes, int]], records: list[Record]) -> list[tuple[bytes, int]]:
     """The checkpoint's entries (least recently used first) with the journal applied: a landed
     file becomes the most recent, a removed one leaves."""
-    index = dict(entries)
+    index: dict[bytes, int] = {}
+    for at in range(0, len(entries), SLICE):  # slices: the loop thread gets the GIL between them
+        index.update(entries[at : at + SLICE])
     for op, fkey, size in records:
         index.pop(fkey, None)
         if op == LANDED:
             index[fkey] = size
-    return list(index.items())
+    out: list[tuple[bytes, int]] = []
+    items = iter(index.items())
+    while len(out) < len(index):
+        out += itertools.islice(items, SLICE)
+    return out
 
 
 # -- writing (the loop) ---------------------------------------------------------------------
