@@ -35,9 +35,11 @@ TIER_GAUGES = {
     "unpersisted": "tier_unpersisted_chunks",
     "reads_in_flight": "tier_reads_in_flight",
     "connected": "tier_connected",
+    "journal_records": "tier_journal_records",
 }
 TIER_SECONDS = {  # levels in other units, converted to seconds
     "index_load_s": ("tier_index_load_seconds", 1.0),
+    "reconcile_s": ("tier_reconcile_seconds", 1.0),
     "read_latency_ms": ("tier_read_latency_seconds", 1e-3),
     "write_latency_ms": ("tier_write_latency_seconds", 1e-3),
     "exists_latency_ms": ("tier_exists_latency_seconds", 1e-3),
@@ -108,6 +110,11 @@ METRICS: dict[str, tuple[str, str]] = {
     "tier_reads_in_flight": ("gauge", "Long-tier reads running"),
     "tier_connected": ("gauge", "1 while a distributed long tier is reachable"),
     "tier_index_load_seconds": ("gauge", "How long the disk tier took to rebuild its index at start"),
+    "tier_reconcile_seconds": (
+        "gauge",
+        "How long the disk tier's reconcile after a journal replay took (absent until it finished)",
+    ),
+    "tier_journal_records": ("gauge", "Disk-tier index journal records since the last checkpoint"),
     "tier_read_latency_seconds": ("gauge", "Recent read latency of a distributed long tier"),
     "tier_write_latency_seconds": ("gauge", "Recent write latency of a distributed long tier"),
     "tier_exists_latency_seconds": ("gauge", "Recent exists-check latency of a distributed long tier"),
@@ -136,6 +143,15 @@ METRICS: dict[str, tuple[str, str]] = {
     "tier_quarantined_total": ("counter", "Damaged chunk files moved aside"),
     "tier_recovered_writes_total": ("counter", "Long-tier writes that succeeded on a retry"),
     "tier_stale_temp_removed_total": ("counter", "Temporary files of interrupted writes removed at start"),
+    "tier_reconcile_added_total": (
+        "counter",
+        "Chunk files the reconcile after a journal replay indexed (landed, never journaled)",
+    ),
+    "tier_reconcile_dropped_total": (
+        "counter",
+        "Index entries the reconcile after a journal replay dropped (their files were gone)",
+    ),
+    "tier_checkpoints_written_total": ("counter", "Disk-tier index checkpoints rewritten while running"),
     "tier_write_retries_total": ("counter", "Long-tier writes retried after a failure"),
     "tier_adopted_total": (
         "counter",

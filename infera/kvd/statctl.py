@@ -35,6 +35,18 @@ MORE = (
 )
 
 
+def _reconcile_words(long: dict[str, Any]) -> str:
+    """The disk tier's reconcile after a journal replay, if one ran: the index holds what the
+    checkpoint and journal said; files they missed are added, gone ones dropped."""
+    state = long.get("reconcile")
+    if state == "running":
+        return ", reconcile with the files running"
+    if state in ("finished", "failed"):
+        added, dropped = long.get("reconcile_added", 0), long.get("reconcile_dropped", 0)
+        return f", reconcile {state} in {long.get('reconcile_s') or 0:.2f}s (+{added} -{dropped})"
+    return ""
+
+
 def fetch_stats(socket_path: str | None) -> dict[str, Any]:
     from infera.kvd.client import KvdClient
 
@@ -85,6 +97,7 @@ def render_text(stats: dict[str, Any], all_fields: bool = False) -> str:
                     if isinstance(load, int | float)
                     else ", index loading"
                 )
+                + _reconcile_words(long)
                 + (
                     f", {long['files_other_version']} files of another format left alone"
                     if long.get("files_other_version")

@@ -41,6 +41,8 @@ LONG_KNOWN = {
     "index_load_s",
     "index_source",
     "index_detail",
+    "reconcile",
+    "reconcile_s",
     "last_error",
     "evictions",
 }
@@ -288,6 +290,9 @@ def long_table(stats: Mapping[str, Any]) -> Text:
     if isinstance(load, int | float) and not isinstance(load, bool):
         source = long.get("index_source")
         rows.append(["index load", f"{load:.2f} s" + (f" ({source})" if source else "")])
+    if long.get("reconcile"):
+        took = long.get("reconcile_s")
+        rows.append(["reconcile", str(long["reconcile"]) + (f" in {took:.2f} s" if took is not None else "")])
     if long.get("last_error"):
         rows.append(["last error", Text(str(long["last_error"]), style="red")])
     out = grid(rows, "ll", ("bold",))

@@ -115,8 +115,13 @@ def test_bench_scale_only_restart_measures_scan_and_snapshot(tmp_path: Path) -> 
     assert [p["files"] for p in res["restart"]] == [200, 500]
     for p in res["restart"]:
         assert (p["scan_index_source"], p["index_source"]) == ("scan", "snapshot")
+        crash = p["crash"]
+        assert crash["index_source"] == "snapshot+journal" and crash["files"] == p["files"] + 1000
+        assert 0 < crash["serving_s"] <= crash["loaded_s"] <= crash["reconciled_s"]
+        assert crash["reconcile"] == "finished" and crash["reconcile_added"] == 0
     names = [t["target"] for t in res["targets"]]
     assert "clean restart with 500 files: index complete (snapshot)" in names
+    assert "restart after kill -9: index complete (snapshot+journal)" in names
 
 
 def test_bench_scale_unknown_part_is_a_one_line_error(tmp_path: Path) -> None:

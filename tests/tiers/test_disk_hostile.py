@@ -252,11 +252,13 @@ def test_planted_non_chunk_files_are_never_present(
         assert all(c.lookup([key]) == 0 for key in irregular + corrupt)
         assert all(c.get(k) == v for k, v in good.items())
     d.kill()
-    d.start()  # after a crash the scan: still absent, counted again, nothing more quarantined
+    d.start()  # after a crash checkpoint + journal, then the reconcile: links and such never listed
     with d.client(namespace=NS, timeout=5) as c:
         s = wait_ready(c)
-        assert s["index_source"] == "scan"
-        assert s["files_ignored"] == 5 and s["corrupt_chunks"] == 0 and s["quarantined"] == 7
+        assert s["index_source"] == "snapshot+journal"
+        s = wait_until(lambda: (x := long_stats(c))["reconcile"] == "finished" and x, 15, "reconcile")
+        assert s["reconcile_added"] == 0 and s["reconcile_dropped"] == 0 and s["chunks"] == 3
+        assert s["files_ignored"] == 0 and s["corrupt_chunks"] == 0 and s["quarantined"] == 7
         assert all(c.lookup([key]) == 0 for key in irregular + corrupt)
         assert all(c.get(k) == v for k, v in good.items())
 

@@ -1,6 +1,7 @@
 """The disk tier's index snapshot, against real daemon processes: a clean stop writes it, the next
-start adopts and removes it; a crash, a damaged file or a tree changed since falls back to the scan
-(wholly or per fan directory); whatever the snapshot says, no wrong byte is ever served."""
+start adopts it (it stays, as the checkpoint of the journal the daemon starts); a damaged file or a
+tree changed since falls back to the scan (wholly or per fan directory); whatever the snapshot
+says, no wrong byte is ever served. Crashes and the journal: test_disk_journal.py."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from test_disk_tier import NS, disk_daemon, long_stats, on_disk, wait_ready, wai
 from helpers import Daemon
 from infera.kvd import chunkfile as cf
 from infera.kvd.client import KvdClient
-from infera.kvd.tiers import diskindex
+from infera.kvd.process import wait_until
+from infera.kvd.tiers import diskindex, diskjournal
 
 SIZE = 96 << 10
 
@@ -30,6 +32,31 @@ def root(short_tmp: Path) -> Path:
 
 def snapshot_file(root: Path) -> Path:
     return root / diskindex.INDEX_FILE
+
+
+def journal_file(root: Path) -> Path:
+    return root / diskjournal.JOURNAL_FILE
+
+
+def checkpoint_generation(root: Path) -> bytes:
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        snap, why = diskindex.take(fd)
+    finally:
+        os.close(fd)
+    assert snap is not None, why
+    return snap.generation
+
+
+def journal_started(root: Path) -> bytes:
+    """Wait for the journal the daemon starts after its index loaded; its generation, which is
+    the checkpoint's."""
+    wait_until(journal_file(root).is_file, 10, "the index journal")
+    gen = checkpoint_generation(root)
+    v1 = (root / "v1").stat()
+    jgen, _replay = diskjournal.parse(journal_file(root).read_bytes(), (v1.st_dev, v1.st_ino))
+    assert jgen == gen, "the journal continues the checkpoint"
+    return gen
 
 
 def restarted(d: Daemon) -> KvdClient:
@@ -72,7 +99,7 @@ def test_clean_restart_adopts_the_snapshot_and_serves_exact_bytes(
         assert s["index_source"] == "snapshot" and s["chunks"] == 10
         assert s["bytes_used"] == 10 * (cf.HEADER_SIZE + SIZE)
         assert "0 of" in s["index_detail"], s["index_detail"]  # no fan directory scanned again
-        assert not snapshot_file(root).exists(), "an adopted snapshot must be removed at once"
+        journal_started(root)  # the adopted snapshot stays: it is the journal's checkpoint
         all_served(c, data)
         s = long_stats(c)
         assert s["hits"] == 10 and s["corrupt_chunks"] == 0
@@ -86,7 +113,9 @@ def test_clean_restart_adopts_the_snapshot_and_serves_exact_bytes(
     assert stat.returncode == 0 and "(snapshot)" in stat.stdout, stat.stdout + stat.stderr
 
 
-def test_kill_9_after_an_adopted_snapshot_scans(start_daemon: Callable[..., Daemon], root: Path) -> None:
+def test_kill_9_after_an_adopted_snapshot_replays_the_journal(
+    start_daemon: Callable[..., Daemon], root: Path
+) -> None:
     d, data = stopped_cleanly(start_daemon, root, 6)
     with restarted(d) as c:
         assert long_stats(c)["index_source"] == "snapshot"
@@ -96,13 +125,14 @@ def test_kill_9_after_an_adopted_snapshot_scans(start_daemon: Callable[..., Daem
         assert c.put(b"late", data[b"late"])
         wait_written(c, 6)
     d.kill()
-    assert not snapshot_file(root).exists()
     with restarted(d) as c:
         s = long_stats(c)
-        assert s["index_source"] == "scan" and "no index snapshot" in s["index_detail"]
+        assert s["index_source"] == "snapshot+journal", s["index_detail"]
+        assert "6 chunks + 2 journal records" in s["index_detail"], s["index_detail"]
         assert c.lookup([b"key-0"]) == 0
         all_served(c, data)
-    assert "scanned" in d.log()
+    assert d.log().count(": scanned ") == 1, "only the first start scans"
+    assert "index adopted from snapshot+journal" in d.log()
 
 
 def _damage(root: Path, how: str) -> None:
@@ -140,7 +170,8 @@ def test_damaged_snapshot_falls_back_to_the_scan(
         all_served(c, data)
         enough_rounds(probe)
     probe.assert_healthy()
-    assert how == "link" or not snapshot_file(root).exists()
+    journal_started(root)  # the damaged file was replaced by a checkpoint of the scan
+    assert not snapshot_file(root).is_symlink()
     assert (root.parent / "elsewhere.index").exists() or how != "link", "a link must not be followed"
 
 

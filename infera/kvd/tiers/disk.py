@@ -9,10 +9,12 @@ it at start (:mod:`.diskload`), ADOPT of client-written files (:mod:`.diskadopt`
   ``INFERA_KVD_DISK_STOP_S`` (10 s).
 * A file that fails verification when read is a miss, is counted and is moved to
   ``<long-path>/quarantine``.
-* At start the index is the snapshot a clean stop wrote (:mod:`.diskindex`), or else rebuilt from
-  the files: only regular files whose header checks out are indexed (:func:`diskscan.scan`). Until
-  that is done the tier is ``loading``: LOOKUP and GET still find chunks on disk by checking the
-  file the key maps to. No link under the root is followed.
+* At start the index is the checkpoint with its journal replayed after a crash (then reconciled
+  with the tree in the background: :mod:`.diskreconcile`), the checkpoint a clean stop wrote
+  (:mod:`.diskindex`), or else rebuilt from the files: only regular files whose header checks out
+  are indexed (:func:`diskscan.scan`). Until that is done the tier is ``loading``: LOOKUP and GET
+  still find chunks on disk by checking the file the key maps to. No link under the root is
+  followed. Every index change is journaled (:mod:`.diskcheckpoint`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ from infera.kvd.keyspace import Namespace, key_of
 from infera.kvd.store import Chunk
 from infera.kvd.tiers import diskfs, diskread, diskscan
 from infera.kvd.tiers.diskadopt import AdoptMixin
+from infera.kvd.tiers.diskcheckpoint import CheckpointMixin
 from infera.kvd.tiers.diskload import LoadMixin
+from infera.kvd.tiers.diskreconcile import ReconcileMixin
 from infera.kvd.tiers.pipeline import WriteJob, WriteThrough
 from infera.kvd.tiers.promotions import Promotions, ReadJob
 
@@ -50,7 +54,7 @@ def _env(name: str) -> float:
     return float(os.environ.get(name, "0"))
 
 
-class DiskTier(AdoptMixin, LoadMixin):
+class DiskTier(AdoptMixin, LoadMixin, CheckpointMixin, ReconcileMixin):
     """The ``disk`` long tier (a :class:`~.base.FileBackedTier`)."""
 
     backend = "disk"
@@ -82,6 +86,7 @@ class DiskTier(AdoptMixin, LoadMixin):
                 *("failed_writes", "failed_reads", "dropped_writes", "evicted_files", "evicted_unwritten"),
                 *("prewarmed", "promotion_no_room", "files_other_version", "files_ignored", "quarantined"),
                 *("stale_temp_removed", "write_retries", "recovered_writes"),
+                *("reconcile_added", "reconcile_dropped", "checkpoints_written"),
             ),
             0,
         )
@@ -91,6 +96,7 @@ class DiskTier(AdoptMixin, LoadMixin):
         self._files = diskread.FileReader(host.arena.view, self.root, self.root_fd)
         readers = int(_env("INFERA_KVD_DISK_READERS")) or READERS
         self.reads = Promotions(host, self, "disk-read", readers, deadline_s=None)
+        self._init_journal()
         self._load_started = time.monotonic()
         # the scan starts once the loop runs, so it never delays the daemon's first answer
         host.call_soon(threading.Thread(target=self._load, name="kvd-disk-load", daemon=True).start)
@@ -133,11 +139,13 @@ class DiskTier(AdoptMixin, LoadMixin):
         size = self.index.pop(fkey, None)
         if size is not None:
             self.bytes_used -= size
+            self._note_removed(fkey)
 
     def _put(self, fkey: bytes, size: int) -> None:
-        self.forget(fkey)
+        old = self.index.pop(fkey, None)
+        self.bytes_used += size - (old or 0)
         self.index[fkey] = size
-        self.bytes_used += size
+        self._note_landed(fkey, size)
 
     def _unlink(self, fkey: bytes) -> None:
         def unlink() -> None:  # on the writer lane of fkey, after its queued writes
@@ -285,8 +293,10 @@ class DiskTier(AdoptMixin, LoadMixin):
             if fkey in self.index:
                 self.forget(fkey)
                 n += 1
-            elif self.loading:
-                self._deleted_while_loading.add(fkey)
+            else:  # the checkpoint or a load under way may still list it
+                self._note_removed(fkey)
+                if self.loading:
+                    self._deleted_while_loading.add(fkey)
             self._unlink(fkey)
         return n
 
@@ -322,6 +332,9 @@ class DiskTier(AdoptMixin, LoadMixin):
             "index_load_s": self.index_load_s,
             "index_source": self.index_source,
             "index_detail": self.index_detail,
+            "reconcile": self.reconcile,
+            "reconcile_s": self.reconcile_s,
+            "journal_records": self.journal.records + self.journal.count,
             "last_error": self.last_error,
             "fsync": self.sync,
             **self.c,

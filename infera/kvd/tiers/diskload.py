@@ -1,21 +1,28 @@
 """The disk tier's index at start and at a clean stop (a mixin of :class:`~.disk.DiskTier`).
 
-At start one thread restores the index (:func:`.diskindex.restore`: the snapshot of the last clean
-stop if it is usable, else the scan of every file) and hands it to the loop in batches. At a clean
-stop, once no write can land any more, the index is written as the next start's snapshot.
+At start one thread restores the index (:func:`.diskindex.restore`: checkpoint + journal after a
+crash, the checkpoint of a clean stop, else the scan of every file) and hands it to the loop in
+batches; then it settles which journal the daemon appends to (:mod:`.diskjournal`): the one it
+replayed, a new one for the checkpoint it adopted, or a new checkpoint of what it loaded and a new
+journal. Index changes made before that are buffered. After a replayed journal the reconcile runs
+(:mod:`.diskreconcile`). The journal and its checkpoint rewrites are in :mod:`.diskcheckpoint`. At
+a clean stop, once no write can land any more, the index is written as the next start's checkpoint
+and the journal removed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from infera.kvd.tiers import diskindex
+from infera.kvd.tiers import diskindex, diskjournal
 from infera.units import format_size
 
 if TYPE_CHECKING:
@@ -48,7 +55,15 @@ class LoadMixin:
     _make_room: Callable[[int], None]
     fail: Callable[[str, str], None]
 
-    index_source: str | None = None  # "snapshot" or "scan" once loaded
+    _start_reconcile: Callable[[list[tuple[bytes, int]]], None]
+    _journal_ready: Callable[[int, int], None]
+    _journal_broken: Callable[[str, BaseException], None]
+    journal: diskjournal.Writer
+    _ckpt_lock: threading.Lock
+    _closing: bool
+    _touched: set[bytes] | None
+
+    index_source: str | None = None  # "snapshot", "snapshot+journal" or "scan" once loaded
     index_detail: str = ""
 
     def _load(self) -> None:
@@ -60,6 +75,38 @@ class LoadMixin:
         for i in range(len(entries), 0, -MERGE_BATCH):
             self.host.call_soon(functools.partial(self._merge, entries[max(0, i - MERGE_BATCH) : i]))
         self.host.call_soon(lambda: self._loaded(loaded))
+        self._settle_journal(loaded)
+
+    def _settle_journal(self, loaded: diskindex.Loaded) -> None:
+        """Load thread: the journal the daemon appends to from now on (under the checkpoint lock,
+        so a clean stop never races it)."""
+        with self._ckpt_lock:
+            if self._closing:
+                return
+            try:
+                v1 = diskindex.v1_id(self.root_fd)
+                if loaded.replay is not None:
+                    fd, records = diskjournal.reopen(self.root_fd, loaded.replay), len(loaded.replay.records)
+                elif loaded.generation is not None:
+                    fd, records = (
+                        diskjournal.create(self.root_fd, diskjournal.JOURNAL_FILE, v1, loaded.generation),
+                        0,
+                    )
+                else:  # a checkpoint of what was loaded; changes since are the buffered records
+                    diskjournal.discard(self.root_fd)
+                    generation = os.urandom(16)
+                    entries = loaded.entries
+                    diskindex.write(self.root_fd, entries, len(entries), generation, stamps=False)
+                    fd, records = (
+                        diskjournal.create(self.root_fd, diskjournal.JOURNAL_FILE, v1, generation),
+                        0,
+                    )
+            except OSError as exc:
+                self.host.call_soon(
+                    functools.partial(self._journal_broken, "starting the index journal", exc)
+                )
+                return
+        self.host.call_soon(functools.partial(self._journal_ready, fd, records))
 
     def _merge(self, batch: list[tuple[bytes, int]]) -> None:
         index = self.index
@@ -78,6 +125,10 @@ class LoadMixin:
         self.index_load_s = round(time.monotonic() - self._load_started, 3)
         self.index_source, self.index_detail = loaded.source, loaded.detail
         self._deleted_while_loading.clear()
+        if loaded.replay is not None:
+            self._start_reconcile(loaded.entries)
+        else:
+            self._touched = None
         self.c["files_other_version"] += result.other_version
         self.c["files_ignored"] += result.ignored
         self.c["quarantined"] += result.quarantined
@@ -92,9 +143,9 @@ class LoadMixin:
         self._make_room(0)
         other = result.other_version
         how = (
-            f"index adopted from snapshot, {len(loaded.entries)} chunks ({loaded.detail})"
-            if loaded.source == "snapshot"
-            else f"scanned {len(result.entries)} files ({loaded.detail})"
+            f"scanned {len(result.entries)} files ({loaded.detail})"
+            if loaded.source == "scan"
+            else f"index adopted from {loaded.source}, {len(loaded.entries)} chunks ({loaded.detail})"
         )
         log.info(
             "disk tier %s: %s; %d chunk files, %s of %s, indexed in %.3fs%s",
@@ -104,18 +155,29 @@ class LoadMixin:
         )
 
     def save_index(self, writes_stopped: bool) -> None:
-        """A clean stop, after the last write: the index as the next start's snapshot. Not when
-        the index is incomplete (still loading) or a write may still land."""
-        if self.loading or not writes_stopped:
-            why = "the index was still loading" if self.loading else "writes were still running"
-            log.warning("disk tier: clean stop: no index snapshot written (%s); the next start scans", why)
-            return
-        t = time.monotonic()
-        try:
-            size = diskindex.write(self.root_fd, self.index.items(), len(self.index))
-        except OSError as exc:
-            log.warning("disk tier: clean stop: cannot write the index snapshot: %s", exc.strerror or exc)
-            return
+        """A clean stop, after the last write: the index as the next start's checkpoint (with fan
+        stamps) and the journal removed. Not when the index is incomplete (still loading) or a
+        write may still land: then the journal stays, and the next start replays it."""
+        with contextlib.suppress(OSError):
+            self.journal.flush()
+        self.journal.close()
+        with self._ckpt_lock:
+            self._closing = True
+            if self.loading or not writes_stopped:
+                why = "the index was still loading" if self.loading else "writes were still running"
+                log.warning(
+                    "disk tier: clean stop: no index checkpoint written (%s); the next start replays "
+                    "the journal if there is one, else scans",
+                    why,
+                )
+                return
+            t = time.monotonic()
+            try:
+                size = diskindex.write(self.root_fd, self.index.items(), len(self.index))
+                diskjournal.discard(self.root_fd)
+            except OSError as exc:
+                log.warning("disk tier: clean stop: cannot write the index snapshot: %s", exc.strerror or exc)
+                return
         log.info(
             "disk tier: clean stop: index snapshot of %d chunks written (%s, %.3fs)",
             *(len(self.index), format_size(size), time.monotonic() - t),
