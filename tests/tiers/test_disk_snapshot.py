@@ -39,9 +39,12 @@ def journal_file(root: Path) -> Path:
 
 
 def checkpoint_generation(root: Path) -> bytes:
+    """The generation of the checkpoint in place. Only reads: ``diskindex.take`` (the start's)
+    also removes temporary files, and would unlink the one a running daemon's checkpoint rewrite
+    is writing (its rename then fails with ENOENT and the rewrite waits a minute to retry)."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        snap, why = diskindex.take(fd)
+        snap, why = diskindex.read(fd)
     finally:
         os.close(fd)
     assert snap is not None, why

@@ -200,7 +200,9 @@ def unpack(data: bytes, v1_id: tuple[int, int]) -> Snapshot:
 
 def take(root_fd: int) -> tuple[Snapshot | None, str]:
     """Read the checkpoint at start (it stays: its journal continues it): (snapshot or None, why
-    not). A leftover temporary file of an interrupted write is removed first."""
+    not). A leftover temporary file of an interrupted write is removed first, so only a start may
+    call it: while the daemon runs, such a file may be a checkpoint rewrite in progress (anything
+    else reads the checkpoint with :func:`read`)."""
     with os.scandir(root_fd) as it:
         temps = [
             e.name
