@@ -6,6 +6,7 @@ docs/benchmarks.md covers the real 2D DMAs and streams."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from typing import Any
 
@@ -101,6 +102,32 @@ def test_each_layer_lands_when_waited_for(name: str, slabs: int) -> None:
     assert released == [1] and not failed and not lw.active
     assert counters["load_layerwise_waits"] == len(names) and counters["load_layerwise_late_layers"] == 0
     assert gpu.counters["load_dma_chunks"] == len(its)
+
+
+def test_the_load_sample_is_the_dma_time_not_the_forward() -> None:
+    """The cost model's sample of a layer-wise load is the DMAs' own time: the forward paces the
+    ring (a slab is reused only after its layer ran), so a sample timed until the last DMA would
+    count the forward too, and the load policy ``auto`` then recomputed every hit (H200, 2026-12-05:
+    every RAM hit of a 4k to 16k sweep, 4 to 7 times faster to load)."""
+    dst, _want, arena, cb = reference("0.26-nhd")
+    layout = KVLayout.from_caches(dst, B)
+    names = [lb.name for lb in layout.layers]
+    gpu = GpuCopier(layout, BPC, staging_bytes=4 * cb)
+    lw = GpuLayerwise(gpu, torch_rows, Counter(), lambda ids: None)
+    its = items(cb)
+    gpu.load_pool.buf = torch.empty(2 * lw.slab_bytes(len(its)), dtype=torch.uint8)  # a paced ring
+    samples: list[float] = []
+    released: list[int] = []
+    forward = 0.02  # each layer's compute, between the waits
+    lw.start(its, arena, lambda: released.append(1), samples.append)
+    for n in names:
+        time.sleep(forward)
+        lw.wait(n)
+    assert released == [1] and len(samples) == 1
+    assert 0 < samples[0] < forward, (
+        f"{samples[0]:.4f} s: the forward ({forward * len(names):.2f} s) was counted"
+    )
+    assert gpu.counters["load_dma_us"] == int(samples[0] * 1e6)
 
 
 def test_a_layer_run_without_its_wait_is_recomputed() -> None:

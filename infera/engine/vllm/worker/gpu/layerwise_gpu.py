@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -76,9 +77,12 @@ class GpuLayerwise:
         self.next_dma = 0  # the next layer to queue a DMA for
         self.next_copy = 0  # the next layer to copy into its blocks
         self.dma_done: list[Any] = []
+        self.dma_spans: list[tuple[Any, Any]] = []  # each layer's DMA, begin and end events
+        self.dma_wall = 0.0  # a synchronous copier's own copy time (HostOps: no events)
         self.freed: list[Any] = []
         self.late = 0
         self._on_done: Callable[[], None] | None = None
+        self._on_dma: Callable[[float], None] | None = None
         self._whole: tuple[torch.Tensor, torch.Tensor | None] | None = None
         self._parts: list[tuple[int, torch.Tensor]] = []
 
@@ -112,13 +116,21 @@ class GpuLayerwise:
         self._hold.enter_context(bracket)
 
     # -- the step ----------------------------------------------------------------------------
-    def start(self, items: list[LoadItem], arena: torch.Tensor, on_done: Callable[[], None]) -> None:
+    def start(
+        self,
+        items: list[LoadItem],
+        arena: torch.Tensor,
+        on_done: Callable[[], None],
+        on_dma: Callable[[float], None] | None = None,
+    ) -> None:
         """Queue the first layers of ``items`` (already checked); ``on_done`` runs once the arena
-        is no longer read."""
+        is no longer read. ``on_dma`` gets the seconds the DMAs themselves took, summed over the
+        layers (what a load before the forward would cost; the wall time from the first DMA to the
+        last one follows the forward, which paces the ring and the waits), when every layer moved."""
         gpu, ops = self.gpu, self.gpu.ops
         n = len(items)
         self._reset()
-        self.items, self.arena, self._on_done = items, arena, on_done
+        self.items, self.arena, self._on_done, self._on_dma = items, arena, on_done, on_dma
         self.slab = self.slab_bytes(n)
         self.ring = min(len(self.layers), gpu.load_pool.buf.numel() // self.slab)
         self.runs = runs_of(items, gpu.chunk_bytes)
@@ -154,8 +166,8 @@ class GpuLayerwise:
         slot = self._slot(layer)
         ops.wait(gpu.h2d, self.freed[layer % self.ring])
         with ops.use(gpu.h2d):
-            if layer == 0:
-                self._first = ops.record(gpu.h2d, timing=True)
+            t = time.perf_counter()
+            begin = ops.record(gpu.h2d, timing=True)
             for first, count, off in self.runs:
                 self.rows(
                     slot,
@@ -168,7 +180,10 @@ class GpuLayerwise:
                     count,
                     gpu.h2d,
                 )
-            self.dma_done.append(ops.record(gpu.h2d, timing=layer == len(self.layers) - 1))
+            end = ops.record(gpu.h2d, timing=True)
+            self.dma_wall += time.perf_counter() - t
+        self.dma_done.append(end)
+        self.dma_spans.append((begin, end))
         self.next_dma += 1
 
     def _copy(self, layer: int) -> None:
@@ -249,10 +264,11 @@ class GpuLayerwise:
         gpu, ops = self.gpu, self.gpu.ops
         n = len(self.items)
         total = sum(it.length for it in self.items)
-        on_done, hold = self._on_done, self._hold
+        on_done, on_dma, hold = self._on_done, self._on_dma, self._hold
         self._hold = contextlib.ExitStack()
         complete = len(self.dma_done) == len(self.layers)
-        start, end = (getattr(self, "_first", None), self.dma_done[-1]) if complete else (None, None)
+        spans, wall = self.dma_spans, self.dma_wall
+        end = self.dma_done[-1] if complete else None
         self._reset()
         gpu._count("load_dma_chunks", n)
         gpu._count("load_dma_bytes", total)
@@ -262,8 +278,11 @@ class GpuLayerwise:
         hold.close()
 
         def done() -> None:
-            if start is not None:
-                gpu._count("load_dma_us", int(ops.elapsed_ms(start, end) * 1000))
+            if complete:
+                dma_s = wall if ops.synchronous else sum(ops.elapsed_ms(b, e) for b, e in spans) / 1000
+                gpu._count("load_dma_us", int(dma_s * 1e6))
+                if on_dma is not None:
+                    on_dma(dma_s)
             if on_done is not None:
                 on_done()
 
