@@ -154,6 +154,15 @@ class KvdClient(Wire):
         if self._populated is not None:
             self._populated.ensure(offset, length)
 
+    def pages_present(self) -> None:
+        """Every page of this mapping is in its page tables already (a GPU worker registered it
+        with ``cudaHostRegister``, which pins and maps every page): regions are no longer populated
+        before they are copied, which would walk them again on the first LEASE of each (on the H200,
+        run I, the first LEASE of a 2 GiB prompt's regions took 101 ms against 61 ms for the next
+        ones; not yet measured without it)."""
+        if self._populated is not None:
+            self._populated.enabled = False
+
     def prefault(self) -> None:
         """Populate the whole arena in this client's mapping now (as a long-lived client has once
         it has touched every region); commits the arena's memory."""

@@ -90,3 +90,16 @@ def test_client_without_arena_has_nothing_to_populate(daemon: DaemonProcess) -> 
     with KvdClient(daemon.socket, namespace="p", want_arena=False) as c:
         c.prefault()
         assert c.ping()
+
+
+def test_a_mapping_whose_pages_are_present_is_not_populated_again(daemon: DaemonProcess) -> None:
+    """A GPU worker's mapping is pinned by ``cudaHostRegister`` (every page mapped): after
+    ``pages_present`` a LEASE no longer walks the region again, and the bytes are the same."""
+    data = os.urandom(4 * MIB)
+    with daemon.client(namespace="p") as writer, daemon.client(namespace="p") as reader:
+        assert writer.put(b"big", data)
+        reader.pages_present()
+        ((lease, off, length),) = reader.lease([b"big"])  # type: ignore[misc]
+        assert mapped_kib(reader) == 0, "the region was populated although the pages are present"
+        assert bytes(reader.arena[off : off + length]) == data
+        reader.release([lease])

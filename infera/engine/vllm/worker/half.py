@@ -217,6 +217,8 @@ class WorkerHalf(LoadMixin, GpuWorkerMixin):
         with self._device():
             if self.gpu is not None and self.arena is not None:
                 self.pin.attach(self.arena)
+                if self.pin.pinned:  # every page is mapped: populating regions would only repeat it
+                    client.pages_present()
         if self.gd is not None:
             self.gd.connect(client)
 
