@@ -5,11 +5,17 @@ makes long probe runs and wrap-around the common case."""
 
 from __future__ import annotations
 
+import os
+import time
+from typing import Any
+
 import numpy as np
+from hostile import HealthProbe
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from infera.kvd.chunk import EPHEMERAL, Chunk
+from infera.kvd.client import KvdClient
 from infera.kvd.flatindex import EMPTY, TOMB, FlatIndex
 from infera.kvd.protocol import RETENTION_CODE
 
@@ -133,3 +139,31 @@ def test_a_key_whose_tag_matches_is_still_compared() -> None:
     idx.tags[int(idx.probe([other])[0][0])] = idx.tags[s]  # b's row now carries a's tag
     assert idx.get(a.ikey) is a and idx.get(other) is None  # never b for a
     assert idx.pop(a.ikey) is a
+
+
+def test_a_client_churning_the_table_leaves_others_served(daemon: Any) -> None:
+    """A client that PUTs and DELETEs thousands of keys in a loop (the table grows, fills with
+    tombstones and is rebuilt again and again), with keys of every length and LOOKUPs of absent,
+    repeated and look-alike keys: a healthy client's put+get stays correct within its deadline and
+    a reader's LOOKUP and GET stay exact."""
+    mine = [os.urandom(32) for _ in range(200)]
+    with (
+        HealthProbe(daemon.socket) as probe,
+        KvdClient(daemon.socket, namespace="churn", name="churner") as bad,
+        KvdClient(daemon.socket, namespace="churn", name="reader") as good,
+    ):
+        good.put_many([(k, k * 2) for k in mine], retention="long")
+        end = time.monotonic() + 4.0
+        rounds = 0
+        while time.monotonic() < end:
+            junk = [os.urandom(1 + (i + rounds) % 64) for i in range(3000)]
+            bad.put_many([(k, b"") for k in junk], retention="ephemeral")
+            assert bad.lookup([*junk[:500], os.urandom(32)]) == 500
+            bad.delete(junk)
+            look_alike = [k[:-1] + bytes([k[-1] ^ 1]) for k in mine[:50]]  # one bit off each
+            assert bad.lookup(look_alike) == 0 and bad.lookup([mine[0]] * 100) == 100
+            assert good.lookup(mine) == len(mine)
+            assert good.get(mine[rounds % len(mine)]) == mine[rounds % len(mine)] * 2
+            rounds += 1
+        assert rounds >= 3
+        probe.assert_healthy()
