@@ -48,7 +48,7 @@ class Chunk:
         self.on_long = False
         self.parked = IN_LRU
         self.queued = 0  # entries of this chunk in its class's eviction deque (the last is live)
-        # the chunk that followed this one in the last SEAL or LOOKUP that had both (see link())
+        # the chunk that followed this one in the last SEAL or GET/LEASE that had both (see link())
         self.succ: Chunk | None = None
         self.pred: Chunk | None = None
 
@@ -62,8 +62,8 @@ class Chunk:
 
 
 def link(a: Chunk, b: Chunk) -> None:
-    """Remember that ``b`` came right after ``a`` (a prompt's next chunk): a LOOKUP of a prompt
-    then follows ``a.succ`` and compares one key instead of probing the index, whose random
+    """Remember that ``b`` came right after ``a`` (a prompt's next chunk): a GET or LEASE of a
+    prompt then follows ``a.succ`` and compares one key instead of probing the index, whose random
     accesses grow with its size (a probe at 1M chunks misses every cache). A hint only, always
     checked against the key asked for; both ends indexed chunks; one successor and one
     predecessor each (a shared prefix keeps the branch seen last)."""

@@ -2,9 +2,9 @@
 
 The eviction queue of a class (``lru[cls]``) is a deque of chunks, oldest first, kept by the CLOCK
 rule (second chance): an access (LOOKUP, GET, a PUT of a present key) only sets the chunk's
-access bit (kept in the index's table, :mod:`infera.kvd.flatindex`), and the victim scan sends a chunk whose bit is set back to the young end once,
-clearing the bit, instead of evicting it. A LOOKUP of 1,000 keys thus writes one attribute per key
-instead of relinking an ordered dict (half of its cost with a million chunks indexed, and 90 bytes
+access bit (kept in the index's table, :mod:`infera.kvd.flatindex`), and the victim scan sends a
+chunk whose bit is set back to the young end once, clearing the bit, instead of evicting it. A
+LOOKUP of 1,000 keys thus writes one word per key instead of relinking an ordered dict (half of its cost with a million chunks indexed, and 90 bytes
 per chunk). The order is exact LRU except among chunks accessed since they were queued, which go
 back in queue order rather than access order; each access buys at most one re-queue, so eviction
 stays O(1) per key, amortized. Entries of chunks that left the queue (deleted, overwritten,
@@ -124,9 +124,13 @@ class EvictionQueues:
         if state == HELD:
             self._push_held(chunk)
 
-    def _push_held(self, chunk: Chunk) -> None:
+    def _push_held(self, chunk: Chunk, until: float | None = None) -> None:
+        """Into the heap of held chunks, by when its hold ends (``until`` when the caller has
+        just read it from the index)."""
+        if until is None:
+            until = self.index.hold_until(chunk)
         heap = self._held
-        heapq.heappush(heap, (self.index.hold_until(chunk), next(self._seq), chunk))
+        heapq.heappush(heap, (until, next(self._seq), chunk))
         self._held_n += 1
         if len(heap) > 2 * self._held_n + 1024:  # mostly stale entries (chunks gone): compact
             self._held = [e for e in heap if e[2].parked == HELD]
@@ -135,10 +139,11 @@ class EvictionQueues:
     def _unpark(self, chunk: Chunk, now: float) -> None:
         """A parked chunk without leases or pins: held still, back to the candidates (at the MRU
         end), or, an ephemeral chunk whose TTL passed meanwhile, expired."""
-        if self.index.hold_until(chunk) > now:
+        until = self.index.hold_until(chunk)
+        if until > now:
             if chunk.parked != HELD:
                 chunk.parked = HELD
-                self._push_held(chunk)
+                self._push_held(chunk, until)
             return
         del self.parked[chunk.retention][chunk.ikey]
         chunk.parked = IN_LRU
@@ -154,8 +159,9 @@ class EvictionQueues:
             if chunk.parked != HELD:
                 continue  # stale: the chunk went meanwhile
             self._held_n -= 1
-            if self.index.hold_until(chunk) > now:  # the hold was renewed while parked
-                self._push_held(chunk)
+            until = self.index.hold_until(chunk)
+            if until > now:  # the hold was renewed while parked
+                self._push_held(chunk, until)
             elif chunk.leases or chunk.pins:
                 chunk.parked = BUSY  # back when the last lease or pin goes
             else:

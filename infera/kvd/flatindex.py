@@ -83,7 +83,7 @@ class FlatIndex:
     def _slot(self, ikey: bytes) -> int:
         """The slot holding ``ikey``, or -1."""
         h = hash(ikey)
-        want = (h & ~1) or 2
+        want = tag_of(h, False)
         w, objs, mask = self._w, self.objs, self.mask
         s = (want >> 1) & mask
         while True:
@@ -109,7 +109,7 @@ class FlatIndex:
 
     def __setitem__(self, ikey: bytes, chunk: Chunk) -> None:
         h = hash(ikey)
-        want = (h & ~1) or 2
+        want = tag_of(h, False)
         w, objs, mask = self._w, self.objs, self.mask
         s = (want >> 1) & mask
         free = -1
@@ -181,9 +181,6 @@ class FlatIndex:
 
     def __iter__(self) -> Iterator[bytes]:
         return iter([c.ikey for c in self.values()])
-
-    def keys(self) -> list[bytes]:
-        return [c.ikey for c in self.values()]
 
     def items(self) -> list[tuple[bytes, Chunk]]:
         return [(c.ikey, c) for c in self.values()]
@@ -295,9 +292,6 @@ class FlatIndex:
                 s = (s + 1) & mask
             self.rows.view(np.complex128).ravel()[s] = rows[i]
             self.objs[s] = objs[i]
-
-    def memory_bytes(self) -> int:
-        return int(self.rows.nbytes + self.objs.nbytes)
 
 
 __all__ = ["EMPTY", "TOMB", "FlatIndex", "tag_of", "to_us"]

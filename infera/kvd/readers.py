@@ -1,6 +1,6 @@
 """The RAM tier's reads of its index (a mixin of :class:`infera.kvd.store.Store`): one key, and a
-request's keys along a prompt's chain of chunks (:func:`infera.kvd.chunk.link`), for GET, LEASE
-and LOOKUP."""
+request's keys along a prompt's chain of chunks (:func:`infera.kvd.chunk.link`), for GET and
+LEASE; and LOOKUP's count, one vectorized probe of the index's table."""
 
 from __future__ import annotations
 
@@ -28,15 +28,12 @@ class Readers:
             return None
         return chunk
 
-    def find_many(
-        self, ikeys: list[bytes], stop_at_miss: bool = False, expire: bool = True
-    ) -> list[Chunk | None]:
-        """The chunks of ``ikeys`` (None where absent or expired), in order, for LOOKUP and GET:
+    def find_many(self, ikeys: list[bytes], stop_at_miss: bool = False) -> list[Chunk | None]:
+        """The chunks of ``ikeys`` (None where absent or expired), in order, for GET and LEASE:
         a prompt's keys come in the order they were sealed, so each chunk's successor
         (:func:`~infera.kvd.chunk.link`) is compared with the next key before the index is probed;
         two misses of that in a row and the rest are probed directly. ``stop_at_miss``: the list
-        ends at the first None. ``expire``: an expired ephemeral chunk is dropped (as :meth:`find`)
-        rather than only reported absent."""
+        ends at the first None. An expired ephemeral chunk is dropped (as :meth:`find`)."""
         get = self.index.get
         now = self.clock()
         out: list[Chunk | None] = []
@@ -52,8 +49,7 @@ class Readers:
                 if chunk is not None and prev is not None and prev.succ is None and chunk.pred is None:
                     link(prev, chunk)  # a gap between two SEAL batches: never moves a link
             if chunk is not None and chunk.retention == EPHEMERAL and chunk.expires <= now:
-                if expire:
-                    self._expire(chunk)
+                self._expire(chunk)
                 chunk = None
             out.append(chunk)
             if chunk is None and stop_at_miss:

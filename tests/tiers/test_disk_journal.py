@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from hostile import HealthProbe, enough_rounds
-from test_disk_snapshot import all_served, checkpoint_generation, journal_file
+from test_disk_snapshot import all_served, checkpoint_generation, journal_file, restarted
 from test_disk_tier import NS, disk_daemon, long_stats, wait_ready, wait_written
 
 from helpers import Daemon
@@ -61,18 +61,11 @@ def put_long(c: KvdClient, n: int, prefix: str = "key") -> dict[bytes, bytes]:
     return data
 
 
-def restart(d: Daemon) -> KvdClient:
-    d.start()
-    c = d.client(namespace=NS, timeout=10)
-    wait_ready(c)
-    return c
-
-
 def test_kill_9_restart_replays_checkpoint_and_journal_without_a_scan(
     start_daemon: Callable[..., Daemon], root: Path
 ) -> None:
     d, data = crashed(start_daemon, root, 20)
-    with restart(d) as c:
+    with restarted(d) as c:
         s = long_stats(c)
         assert s["index_source"] == "snapshot+journal", s["index_detail"]
         assert s["index_detail"] == "checkpoint of 0 chunks + 20 journal records", s["index_detail"]
@@ -102,7 +95,7 @@ def test_reconcile_indexes_a_planted_file_and_drops_a_deleted_one(
     planted = os.urandom(SIZE)  # a file that landed but was never journaled
     cf.write_chunk(str(root), NS, b"planted", planted, sync="none")
     data[b"planted"] = planted
-    with restart(d) as c:
+    with restarted(d) as c:
         assert long_stats(c)["index_source"] == "snapshot+journal"
         s = reconciled(c)
         assert (s["reconcile_added"], s["reconcile_dropped"]) == (1, 1)
@@ -204,7 +197,7 @@ def test_checkpoint_rewrite_switches_journals(start_daemon: Callable[..., Daemon
     d, data = crashed(start_daemon, root, 24, INFERA_KVD_TEST_CHECKPOINT_RECORDS="8")
     assert "index checkpoint written" in d.log() and "journal restarted" in d.log()
     d.env = None
-    with restart(d) as c:
+    with restarted(d) as c:
         s = long_stats(c)
         assert s["index_source"] == "snapshot+journal"
         assert not s["index_detail"].startswith("checkpoint of 0 chunks"), s["index_detail"]
@@ -234,7 +227,7 @@ def test_kill_9_during_a_checkpoint_rewrite_leaves_a_restartable_tree(
         assert nxt.is_file()
     d.kill()
     d.env = None
-    with restart(d) as c:
+    with restarted(d) as c:
         s = long_stats(c)
         assert s["index_source"] == "snapshot+journal", s["index_detail"]
         assert s["chunks"] == 16
