@@ -7,7 +7,9 @@ Every hostile test follows one shape::
     probe.assert_healthy()                       # correct bytes, p99 under the deadline, no errors
 
 ``HealthProbe`` runs in a thread of the test process, with its own namespace, and records the
-latency of every put+get round of a small chunk. The deadline is the one docs/daemon.md states in
+latency of every put+get round of a small chunk. A misbehaving client that is busy in Python
+itself (building and decoding big batches) runs in a process of its own (:func:`client_process`),
+as another engine would, so the probe measures the daemon, not this process's interpreter lock. The deadline is the one docs/daemon.md states in
 "Guarantees and limits" (:data:`P99_DEADLINE_S`).
 """
 
@@ -16,6 +18,9 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -146,6 +151,16 @@ import stat  # noqa: E402
 import subprocess as _subprocess  # noqa: E402
 import sys as _sys  # noqa: E402
 import tempfile  # noqa: E402
+
+
+def client_process(code: str, *args: str, timeout: float = 120.0) -> str:
+    """Run ``code`` (a Python script, dedented; ``sys.argv[1:]`` are ``args``) in a process of its
+    own and return what it printed; an AssertionError with its stderr when it fails."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, f"the client process failed:\n{done.stderr[-3000:]}"
+    return done.stdout
 
 
 def hello_fds(s: socket.socket, rid: int = 1, **fields: Any) -> tuple[dict[str, Any], list[int]]:

@@ -37,7 +37,9 @@ class Client:
         self.reader: P.FrameReader | None = None
         self.out = OutQueue()  # replies the kernel has not taken yet (see infera.kvd.outqueue)
         self.events = 0  # what the loop's selector watches this socket for
-        self.inbox: deque[bytes] = deque()  # frames received, waiting for this client's turn
+        # frames received, waiting for this client's turn; a big request being handled in slices
+        # (infera.kvd.slices.Sliced) sits in front of the frames that came after it
+        self.inbox: deque[Any] = deque()
         self.out_paused = False  # too many replies queued: its requests are not read meanwhile
         self.out_logged = False
         self.inbuf = 0  # bytes of a partial frame counted against the daemon's input budget

@@ -14,7 +14,8 @@ that keep a stuck, slow or hostile client's cost on its own connection:
   each ask one big STATS and never read); over it, those holding the most are dropped.
 * One turn handles at most :data:`FRAMES_PER_TURN` frames of a connection, or
   :data:`TURN_BUDGET_S` of work; the rest wait for the next turn, so a pipelined flood shares the
-  loop with everyone else (a healthy request waits at most one turn per flooding connection).
+  loop with everyone else (a healthy request waits at most one turn per flooding connection). A
+  single request with a big batch is handled a slice per turn (:mod:`infera.kvd.slices`).
 * Partially received frames of all connections together hold at most :data:`INPUT_BUDGET_BYTES`;
   over it, the connections whose incomplete frame began the longest ago are dropped (parked
   ones; a client sending a big request at speed has the youngest).
@@ -32,9 +33,11 @@ import logging
 import selectors
 import socket
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from infera.kvd import protocol as P
+from infera.kvd.slices import Sliced, at_front_waiting
 from infera.kvd.spin import SpinGate
 
 if TYPE_CHECKING:
@@ -109,6 +112,8 @@ class NetIO:
 
     def _handle_frame(self, client: Client, body: bytes) -> None:  # provided by Server
         raise NotImplementedError
+
+    _run_slice: Callable[[Client, Sliced], None]  # provided by SliceRunner (no stub: MRO)
 
     def _init_netio(self) -> None:
         self.net = NetState()
@@ -190,7 +195,10 @@ class NetIO:
             if client.closed:
                 return
             left = n - i - 1
-            if left and (client.out_paused or i + 1 >= FRAMES_PER_TURN or time.monotonic() > end):
+            # (a big request now being handled in slices sits in the inbox: the rest go after it)
+            if left and (
+                client.inbox or client.out_paused or i + 1 >= FRAMES_PER_TURN or time.monotonic() > end
+            ):
                 client.inbox.extend(frames[i + 1 :])
                 if not client.out_paused:
                     self._ready[client.id] = client
@@ -203,13 +211,19 @@ class NetIO:
         n = FRAMES_PER_TURN
         end = time.monotonic() + TURN_BUDGET_S
         while inbox and n and not client.out_paused and not client.closed:
-            self._handle_frame(client, inbox.popleft())
+            item = inbox[0]
+            if type(item) is Sliced:  # a big request: its next slice (it leaves the inbox when done)
+                if item.waiting:
+                    break
+                self._run_slice(client, item)
+            else:
+                self._handle_frame(client, inbox.popleft())
             n -= 1
             if time.monotonic() > end:
                 break
         if client.closed:
             return
-        if inbox and not client.out_paused:
+        if inbox and not client.out_paused and not at_front_waiting(inbox):
             self._ready[client.id] = client
         self._interest(client)
 

@@ -22,6 +22,7 @@ from infera.kvd.tiers.base import FileBackedTier
 if TYPE_CHECKING:
     from infera.kvd.arena import Arena
     from infera.kvd.config import DaemonConfig
+    from infera.kvd.slices import SliceSpec
     from infera.kvd.store import Chunk, Store
     from infera.kvd.tiers.base import LongTier
 
@@ -70,6 +71,17 @@ class Ops:
         if len(vals) > P.MAX_BATCH:
             raise BadRequest(f"at most {P.MAX_BATCH} items per request")
         return vals
+
+    def check_batch(self, msg: dict[str, Any], spec: SliceSpec) -> None:
+        """A request handled in slices, checked in full before the first (its handler checks
+        each slice again): bad keys, items or lengths anywhere refuse it before anything is done."""
+        first = self._keys(msg, spec.fields[0]) if spec.kind == "keys" else self._ints(msg, spec.fields[0])
+        for field in spec.fields[1:]:
+            vals = self._ints(msg, field)
+            if len(vals) != len(first):
+                raise BadRequest(f"{spec.fields[0]!r} and {field!r} must have the same length")
+            if min(vals, default=0) < 0:
+                raise BadRequest(f"{field} must not be negative")
 
     @property
     def live_store(self) -> Store:
@@ -272,7 +284,7 @@ class Ops:
                     on_long_only.append(count)
                 count += 1
         c = store.c
-        c["lookups_total"] += 1
+        c["lookups_total"] += 0 if msg.get("_more") else 1  # a big one's later slices: same request
         c["lookup_keys_total"] += len(keys)
         c["lookup_hit_keys_total"] += count
         reply: dict[str, Any] = {"count": count}

@@ -28,6 +28,7 @@ from infera.kvd.conn import BadRequest, Client, Reply
 from infera.kvd.netio import NetIO
 from infera.kvd.ops import Ops
 from infera.kvd.paths import acquire_lock, clear_stale_socket, prepare_socket_dir
+from infera.kvd.slices import Sliced, SliceRunner, spec_for
 from infera.kvd.snapshot import build_snapshot, hash_warnings
 from infera.kvd.store import Store
 from infera.units import format_size
@@ -44,7 +45,7 @@ _NS_KEYING_OPS = frozenset(("PUT",))
 _NS_KEYING_OPS_LONG = frozenset(("PUT", "GET", "LOOKUP", "DELETE", "PREWARM", "ADOPT"))
 
 
-class Server(NetIO, Ops):
+class Server(NetIO, Ops, SliceRunner):
     """The kvd daemon. ``start()`` binds and allocates; ``serve_forever()`` runs the loop."""
 
     def __init__(self, cfg: DaemonConfig) -> None:
@@ -154,6 +155,10 @@ class Server(NetIO, Ops):
         if client.closed:
             return
         msg["_resumed"] = True
+        job = msg.get("_sliced")
+        if isinstance(job, Sliced):  # one slice of a big request (infera.kvd.slices): on from here
+            self._slice_step(client, job, lambda: handler(client, msg))
+            return
         self._answer(client, msg, lambda: handler(client, msg))
 
     def _answer(self, client: Client, msg: Any, run: Callable[[], Reply]) -> None:
@@ -301,6 +306,11 @@ class Server(NetIO, Ops):
             error = f"frame is not valid msgpack: {type(exc).__name__}"
         else:
             error = "" if isinstance(msg, dict) else "a request must be a msgpack map"
+            # a batch bigger than one slice is handled over several turns (infera.kvd.slices)
+            spec = spec_for(msg) if not error and client.hello else None
+            if spec is not None:
+                self._start_sliced(client, msg, spec)
+                return
         self._answer(client, msg, lambda: self._dispatch(client, msg, error))
 
     def _dispatch(self, client: Client, msg: Any, error: str) -> Reply:

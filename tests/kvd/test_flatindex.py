@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-from hostile import HealthProbe
+from hostile import HealthProbe, client_process
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -141,6 +142,25 @@ def test_a_key_whose_tag_matches_is_still_compared() -> None:
     assert idx.pop(a.ikey) is a
 
 
+_CHURN = """
+    import os, sys, time
+    from infera.kvd.client import KvdClient
+    mine = [bytes.fromhex(h) for h in sys.argv[2].split(",")]
+    end = time.monotonic() + float(sys.argv[3])
+    rounds = 0
+    with KvdClient(sys.argv[1], namespace="churn", name="churner") as bad:
+        while time.monotonic() < end:
+            junk = [os.urandom(1 + (i + rounds) % 64) for i in range(3000)]
+            bad.put_many([(k, b"") for k in junk], retention="ephemeral")
+            assert bad.lookup([*junk[:500], os.urandom(32)]) == 500
+            bad.delete(junk)
+            look_alike = [k[:-1] + bytes([k[-1] ^ 1]) for k in mine[:50]]  # one bit off each
+            assert bad.lookup(look_alike) == 0 and bad.lookup([mine[0]] * 100) == 100
+            rounds += 1
+    print(rounds)
+"""
+
+
 def test_a_client_churning_the_table_leaves_others_served(daemon: Any) -> None:
     """A client that PUTs and DELETEs thousands of keys in a loop (the table grows, fills with
     tombstones and is rebuilt again and again), with keys of every length and LOOKUPs of absent,
@@ -149,21 +169,16 @@ def test_a_client_churning_the_table_leaves_others_served(daemon: Any) -> None:
     mine = [os.urandom(32) for _ in range(200)]
     with (
         HealthProbe(daemon.socket) as probe,
-        KvdClient(daemon.socket, namespace="churn", name="churner") as bad,
         KvdClient(daemon.socket, namespace="churn", name="reader") as good,
     ):
         good.put_many([(k, k * 2) for k in mine], retention="long")
-        end = time.monotonic() + 4.0
-        rounds = 0
-        while time.monotonic() < end:
-            junk = [os.urandom(1 + (i + rounds) % 64) for i in range(3000)]
-            bad.put_many([(k, b"") for k in junk], retention="ephemeral")
-            assert bad.lookup([*junk[:500], os.urandom(32)]) == 500
-            bad.delete(junk)
-            look_alike = [k[:-1] + bytes([k[-1] ^ 1]) for k in mine[:50]]  # one bit off each
-            assert bad.lookup(look_alike) == 0 and bad.lookup([mine[0]] * 100) == 100
-            assert good.lookup(mine) == len(mine)
-            assert good.get(mine[rounds % len(mine)]) == mine[rounds % len(mine)] * 2
-            rounds += 1
-        assert rounds >= 3
+        with ThreadPoolExecutor(1) as pool:
+            churn = pool.submit(client_process, _CHURN, daemon.socket, ",".join(k.hex() for k in mine), "4")
+            rounds = 0
+            while not churn.done():
+                assert good.lookup(mine) == len(mine)
+                assert good.get(mine[rounds % len(mine)]) == mine[rounds % len(mine)] * 2
+                rounds += 1
+                time.sleep(0.01)
+            assert int(churn.result()) >= 3 and rounds >= 20
         probe.assert_healthy()
