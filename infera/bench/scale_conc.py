@@ -10,6 +10,9 @@ process: with more workers than CPUs, each worker's own time leaves out the time
 Both sides alternate round after round and each keeps its best, as ``kvd bench arena`` does. A
 memcpy worker goes through as many chunk regions as a kvd worker's chunks take in the arena, and
 a kvd worker has the whole arena in its page tables before it is timed (``KvdClient.prefault``).
+The kvd side runs twice per round: one chunk a request (a PUT and a GET per chunk, the harshest
+pattern) and :data:`CONNECTOR_BATCH` chunks a request, as the vLLM connector reserves and leases
+a step's chunks; the second is the one the target is read from.
 
 While 8 clients stream, this process sends LOOKUPs of 1,000 present keys and takes their p99,
 next to the p99 of the same LOOKUPs with the daemon otherwise idle.
@@ -30,10 +33,13 @@ from infera.errors import KvdError
 
 NS = "bench-scale-conc"
 STREAM_CLIENTS = 8
+# chunks a request on the connector's pattern: it reserves (PUT) and leases (GET) the chunks of a
+# scheduler step together; 4 chunks of 4 MiB is a 16 MiB step, small next to a prompt's
+CONNECTOR_BATCH = 4
 
 
 def _worker(
-    kind: str, sock: str, idx: int, size: int, rounds: int, stream_s: float, barrier: Any, q: Any
+    kind: str, sock: str, idx: int, size: int, rounds: int, stream_s: float, barrier: Any, q: Any, batch: int
 ) -> None:
     """One worker of a round; puts ``(idx, start, end, chunks streamed)`` on ``q``, or
     ``(idx, -1.0, 0.0, error)``."""
@@ -57,7 +63,7 @@ def _worker(
             src, dst, keys = os.urandom(size), bytearray(size), put_get_keys(prefix, rounds)
             barrier.wait()
             if not stream_s:
-                q.put((idx, *put_get_span(c, src, dst, keys), 0))
+                q.put((idx, *put_get_span(c, src, dst, keys, batch), 0))
                 return
             end = time.perf_counter() + stream_s
             n = 0
@@ -70,12 +76,16 @@ def _worker(
         raise
 
 
-def _round(kind: str, sock: str, clients: int, size: int, rounds: int, stream_s: float = 0.0) -> list[Any]:
+def _round(
+    kind: str, sock: str, clients: int, size: int, rounds: int, stream_s: float = 0.0, batch: int = 1
+) -> list[Any]:
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(clients + 1)
     q = ctx.Queue()
     procs = [
-        ctx.Process(target=_worker, args=(kind, sock, i, size, rounds, stream_s, barrier, q), daemon=True)
+        ctx.Process(
+            target=_worker, args=(kind, sock, i, size, rounds, stream_s, barrier, q, batch), daemon=True
+        )
         for i in range(clients)
     ]
     for p in procs:
@@ -117,11 +127,12 @@ def concurrency_points(
         for n in clients:
             rounds = max(4, total_chunks // n)
             moved = 2 * size * rounds * n
-            mem, kvd = [], []
+            mem, kvd, step = [], [], []
             for r in range(repeats):
                 note(f"concurrency: {n} clients, round {r + 1}/{repeats}")
                 mem.append(moved / _span(_round("memcpy", sock, n, size, rounds)) / 1e9)
                 kvd.append(moved / _span(_round("kvd", sock, n, size, rounds)) / 1e9)
+                step.append(moved / _span(_round("kvd", sock, n, size, rounds, batch=CONNECTOR_BATCH)) / 1e9)
             rows.append(
                 {
                     "clients": n,
@@ -130,6 +141,9 @@ def concurrency_points(
                     "kvd_gbps": max(kvd),
                     "ratio": max(kvd) / max(mem),
                     "ratio_rounds": [round(k / m, 3) for k, m in zip(kvd, mem, strict=True)],
+                    "kvd_step_gbps": max(step),
+                    "ratio_step": max(step) / max(mem),
+                    "ratio_step_rounds": [round(k / m, 3) for k, m in zip(step, mem, strict=True)],
                 }
             )
         note(f"concurrency: LOOKUP while {STREAM_CLIENTS} clients stream")
@@ -159,6 +173,7 @@ def concurrency_points(
             busy = percentiles(samples) if samples else {"p50_us": 0.0, "p99_us": 0.0}
     return {
         "chunk_bytes": size,
+        "step_chunks": CONNECTOR_BATCH,
         "rows": rows,
         "lookup_idle_p50_us": idle["p50_us"],
         "lookup_idle_p99_us": idle["p99_us"],

@@ -53,6 +53,10 @@ def test_bench_scale_quick_reports_every_part(tmp_path: Path) -> None:
         assert r["kvd_gbps"] > 0 and r["memcpy_gbps"] > 0
         assert r["ratio"] == pytest.approx(r["kvd_gbps"] / r["memcpy_gbps"])
         assert len(r["ratio_rounds"]) == quick["conc_repeats"]
+        assert r["kvd_step_gbps"] > 0 and r["ratio_step"] == pytest.approx(
+            r["kvd_step_gbps"] / r["memcpy_gbps"]
+        )
+        assert len(r["ratio_step_rounds"]) == quick["conc_repeats"]
     assert conc["lookup_streaming_samples"] > 0 and conc["streamed_chunks"] > 0
 
     assert [p["namespaces"] for p in res["namespaces"]] == quick["namespaces"]
