@@ -10,9 +10,10 @@ process: with more workers than CPUs, each worker's own time leaves out the time
 Both sides alternate round after round and each keeps its best, as ``kvd bench arena`` does. A
 memcpy worker goes through as many chunk regions as a kvd worker's chunks take in the arena, and
 a kvd worker has the whole arena in its page tables before it is timed (``KvdClient.prefault``).
-The kvd side runs twice per round: one chunk a request (a PUT and a GET per chunk, the harshest
-pattern) and :data:`CONNECTOR_BATCH` chunks a request, as the vLLM connector reserves and leases
-a step's chunks; the second is the one the target is read from.
+Each round runs two patterns, each side by side with its own memcpy: one chunk a request (a PUT
+and a GET per chunk, the harshest) and :data:`CONNECTOR_BATCH` chunks a request, as the vLLM
+connector reserves and leases a step's chunks (the memcpy side then copies that many chunks in
+and then out, the same order); the target is read from the second.
 
 While 8 clients stream, this process sends LOOKUPs of 1,000 present keys and takes their p99,
 next to the p99 of the same LOOKUPs with the daemon otherwise idle.
@@ -26,16 +27,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from infera.bench.arena import CopyLoop, kvd_gbps, put_get_keys, put_get_span
+from infera.bench.arena import CONNECTOR_BATCH, CopyLoop, kvd_gbps, put_get_keys, put_get_span
 from infera.bench.common import temp_daemon
 from infera.bench.scale_index import lookup_samples, make_keys, percentiles, put_all
 from infera.errors import KvdError
 
 NS = "bench-scale-conc"
 STREAM_CLIENTS = 8
-# chunks a request on the connector's pattern: it reserves (PUT) and leases (GET) the chunks of a
-# scheduler step together; 4 chunks of 4 MiB is a 16 MiB step, small next to a prompt's
-CONNECTOR_BATCH = 4
 
 
 def _worker(
@@ -48,7 +46,7 @@ def _worker(
             loop = CopyLoop(size, rounds)
             loop.run(2)  # import costs out of the timed part
             barrier.wait()
-            q.put((idx, *loop.run(rounds), 0))
+            q.put((idx, *loop.run(rounds, batch), 0))
             loop.close()
             return
         from infera.kvd.client import KvdClient
@@ -127,12 +125,19 @@ def concurrency_points(
         for n in clients:
             rounds = max(4, total_chunks // n)
             moved = 2 * size * rounds * n
-            mem, kvd, step = [], [], []
+            mem: list[float] = []
+            kvd: list[float] = []
+            mem_step: list[float] = []
+            step: list[float] = []
             for r in range(repeats):
                 note(f"concurrency: {n} clients, round {r + 1}/{repeats}")
-                mem.append(moved / _span(_round("memcpy", sock, n, size, rounds)) / 1e9)
-                kvd.append(moved / _span(_round("kvd", sock, n, size, rounds)) / 1e9)
-                step.append(moved / _span(_round("kvd", sock, n, size, rounds, batch=CONNECTOR_BATCH)) / 1e9)
+                for out, kind, batch in (
+                    (mem, "memcpy", 1),
+                    (kvd, "kvd", 1),
+                    (mem_step, "memcpy", CONNECTOR_BATCH),
+                    (step, "kvd", CONNECTOR_BATCH),
+                ):
+                    out.append(moved / _span(_round(kind, sock, n, size, rounds, batch=batch)) / 1e9)
             rows.append(
                 {
                     "clients": n,
@@ -141,9 +146,10 @@ def concurrency_points(
                     "kvd_gbps": max(kvd),
                     "ratio": max(kvd) / max(mem),
                     "ratio_rounds": [round(k / m, 3) for k, m in zip(kvd, mem, strict=True)],
+                    "memcpy_step_gbps": max(mem_step),
                     "kvd_step_gbps": max(step),
-                    "ratio_step": max(step) / max(mem),
-                    "ratio_step_rounds": [round(k / m, 3) for k, m in zip(step, mem, strict=True)],
+                    "ratio_step": max(step) / max(mem_step),
+                    "ratio_step_rounds": [round(k / m, 3) for k, m in zip(step, mem_step, strict=True)],
                 }
             )
         note(f"concurrency: LOOKUP while {STREAM_CLIENTS} clients stream")

@@ -37,6 +37,8 @@ def test_bench_arena_reports_both_sides_and_the_latencies() -> None:
     assert res["put_get_ratio"] == pytest.approx(res["kvd_gbps"] / res["memcpy_gbps"])
     assert res["put_get_ratio_no_poll"] == pytest.approx(res["kvd_no_poll_gbps"] / res["memcpy_gbps"])
     assert len(res["put_get_ratio_rounds"]) == 5
+    assert res["step_chunks"] == 8 and res["kvd_step_gbps"] > 0 and res["memcpy_step_gbps"] > 0
+    assert res["put_get_ratio_step"] == pytest.approx(res["kvd_step_gbps"] / res["memcpy_step_gbps"])
     assert res["ping_p50_us"] > 0 and res["get_p50_us"] > 0 and res["lookup1000_p50_us"] > 0
     # 3,000 index entries grow the daemon by something, and by far less than their payload copies
     assert 0 < res["daemon_bytes_per_100k_chunks"] < 2e9
