@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from hostile import HealthProbe, client_process, frame, hello, raw, read_replies, read_reply
 
 from helpers import Daemon
@@ -39,6 +40,23 @@ def test_a_big_batch_is_one_request_with_one_exact_reply(daemon: Daemon) -> None
         assert c.delete(keys) == BIG
         assert c.lookup(keys) == 0
         assert [x["leases"] for x in c.stats()["clients"] if x["namespace"] == "slices"] == [0]
+
+
+@pytest.mark.parametrize("n", [SLICE_ITEMS, SLICE_ITEMS + 1, 2 * SLICE_ITEMS, 2 * SLICE_ITEMS + 1])
+def test_batches_at_the_slice_edges_come_back_whole(daemon: Daemon, n: int) -> None:
+    keys = _keys(f"edge{n}", n)
+    with daemon.client(namespace="edges") as c:
+        slots = c.reserve(keys, [8] * n, retention="short")
+        assert len(slots) == n and all(isinstance(x, tuple) for x in slots)
+        for key, (_token, off) in zip(keys, slots, strict=True):
+            c.arena[off : off + 8] = key[-8:].rjust(8, b".")
+        c.seal([x[0] for x in slots], wait=True)
+        items = c.lease(keys)
+        assert [bytes(c.arena[i[1] : i[1] + i[2]]) for i in items] == [k[-8:].rjust(8, b".") for k in keys]
+        c.release([i[0] for i in items])
+        for miss in (0, SLICE_ITEMS - 1, SLICE_ITEMS, n - 1):  # the prefix ends on either side of an edge
+            assert c.lookup([*keys[:miss], b"absent", *keys[miss:]]) == miss
+        assert c.delete(keys) == n and c.lookup(keys) == 0
 
 
 def test_frames_behind_a_big_request_see_all_of_it_in_order(daemon: Daemon) -> None:
