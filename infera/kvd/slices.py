@@ -147,18 +147,23 @@ class SliceRunner:
     def _start_sliced(self, client: Client, msg: dict[str, Any], spec: SliceSpec) -> None:
         """Check the whole request (a bad one is answered as ever), then run its first slice;
         the rest follow in the client's next turns (``NetIO._run_inbox``)."""
-        checked: list[bool] = []
-
-        def check() -> Reply:
+        try:
             self.check_batch(msg, spec)
-            checked.append(True)
-            return None
+        except Exception as exc:
+            self._answer_error(client, msg, exc)
+            return
+        job = Sliced(msg, spec)
+        client.inbox.appendleft(job)
+        self._run_slice(client, job)
 
-        self._answer(client, msg, check)
-        if checked:
-            job = Sliced(msg, spec)
-            client.inbox.appendleft(job)
-            self._run_slice(client, job)
+    def _answer_error(self, client: Client, msg: dict[str, Any], error: Exception) -> None:
+        """Answer ``msg`` with ``error`` as ``Server._answer`` answers any handler's (typed,
+        counted, logged; nothing for a ``noreply`` request)."""
+
+        def fail() -> Reply:
+            raise error
+
+        self._answer(client, msg, fail)
 
     def _run_slice(self, client: Client, job: Sliced) -> None:
         sub = job.next_request()
@@ -170,7 +175,7 @@ class SliceRunner:
         error: Exception | None = None
         try:
             part = run()
-        except Exception as exc:  # answered (typed, counted, logged) by Server._answer below
+        except Exception as exc:  # answered below (_answer_error)
             part, error = None, exc
         job.waiting = part is None and error is None  # a tier is reading: resume continues it
         if part is not None:
@@ -178,11 +183,7 @@ class SliceRunner:
         if error is not None or job.done:
             client.inbox.remove(job)
             if error is not None:  # what earlier slices did stands (reservations end with the connection)
-
-                def fail() -> Reply:
-                    raise error
-
-                self._answer(client, job.msg, fail)
+                self._answer_error(client, job.msg, error)
             else:
                 reply = job.reply()
                 if reply is not None:
