@@ -95,3 +95,4 @@ class ReserveResult:
 
 
 _FULL = ReserveResult(None, "full")  # shared: refusals carry no state
+_QUOTA = ReserveResult(None, "quota")

@@ -25,6 +25,7 @@ from infera.kvd.clientnet import (
     KvdClientError,
     KvdFull,
     KvdProtocolError,
+    KvdQuota,
     KvdRefused,
     KvdUnavailable,
     KvdUnsupported,
@@ -39,6 +40,14 @@ from infera.kvd.populate import Populated
 from infera.kvd.protocol import ArenaFdError, default_socket_path, map_arena
 
 Buffer = bytes | bytearray | memoryview
+
+
+# a PUT slot's refusals that leave no room, and what put() says when nothing was stored
+_NO_ROOM = {
+    "full": "the kvd arena is full (every chunk is leased or being written)",
+    "too_large": "the chunk is larger than the whole kvd arena",
+    "quota": "this connection already pins its share of the kvd arena (--client-quota)",
+}
 
 
 class KvdClient(Wire):
@@ -203,18 +212,13 @@ class KvdClient(Wire):
                 tokens.append(token)
                 stored.append(True)
             else:
-                if slot in ("full", "too_large"):
+                if slot in _NO_ROOM:
                     full_error = slot
                 stored.append(False)
         if tokens:
             self.notify("SEAL", tokens=tokens)
         if full_error is not None and not any(stored):
-            raise KvdFull(
-                "the kvd arena is full (every chunk is leased or held)"
-                if full_error == "full"
-                else "the chunk is larger than the whole kvd arena",
-                hint="raise --max-bytes, or release leases",
-            )
+            raise error_of({"error": full_error, "message": _NO_ROOM[full_error]})
         return stored
 
     def reserve(
@@ -403,6 +407,7 @@ __all__ = [
     "KvdClientError",
     "KvdFull",
     "KvdProtocolError",
+    "KvdQuota",
     "KvdRefused",
     "KvdUnavailable",
     "KvdUnsupported",

@@ -56,6 +56,11 @@ class KvdFull(KvdClientError):
     """The arena cannot hold the chunk even after evicting everything evictable."""
 
 
+class KvdQuota(KvdFull):
+    """This connection already pins its share of the arena (the daemon's ``--client-quota``):
+    release leases or seal reservations first. Other clients can still write."""
+
+
 class KvdUnsupported(KvdProtocolError):
     """The daemon does not offer this feature in its current configuration."""
 
@@ -165,8 +170,12 @@ def error_of(reply: dict[str, Any]) -> KvdClientError:
     message = reply.get("message", code)
     if code == "refused":
         return KvdRefused(message, hint="start the daemon with --allow-uid for this user")
+    if code == "quota":
+        return KvdQuota(
+            message, hint="release leases or seal reservations, or raise the daemon's --client-quota"
+        )
     if code in ("full", "too_large"):
-        return KvdFull(message)
+        return KvdFull(message, hint="raise the daemon's --max-bytes, or release leases")
     if code == "unsupported":
         return KvdUnsupported(message, code)
     return KvdProtocolError(message, code)

@@ -25,6 +25,7 @@ class DaemonConfig:
     log_level: str = "INFO"
     metrics_port: int | None = None
     ephemeral_ttl: float = 300.0
+    client_quota: int = 50  # percent of the arena one connection may pin (infera.kvd.budget)
     max_frame: int = 16 << 20
     fsync: str = "data"
     prefault: bool = False

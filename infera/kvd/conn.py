@@ -11,6 +11,7 @@ from typing import Any
 
 from infera import kvlayout
 from infera.kvd import protocol as P
+from infera.kvd.budget import PinBudget
 from infera.kvd.outqueue import OutQueue
 from infera.kvd.store import Chunk
 
@@ -28,7 +29,9 @@ class BadRequest(Exception):
 class Client:
     """State of one connection. Leases and reservations die with it."""
 
-    def __init__(self, sock: socket.socket, cid: int, pid: int, uid: int, gid: int) -> None:
+    def __init__(
+        self, sock: socket.socket, cid: int, pid: int, uid: int, gid: int, quota: int | None = None
+    ) -> None:
         self.sock = sock
         self.id = cid
         self.peer_pid = pid
@@ -52,6 +55,7 @@ class Client:
         self.ns_used = False  # a request of this connection may have left state under ns_id
         self.leases: dict[int, Chunk] = {}
         self.reservations: dict[int, Chunk] = {}
+        self.budget = PinBudget(quota)  # what its leases and reservations may pin (--client-quota)
         self.next_token = 1
         self.connected_at = time.time()
         self.requests = 0
@@ -84,6 +88,9 @@ class Client:
             "counters_omitted": self.report.get("counters_omitted", 0),
             "leases": len(self.leases),
             "reservations": len(self.reservations),
+            "pinned_bytes": self.budget.used,
+            "quota_bytes": self.budget.limit,
+            "quota_refused": self.budget.refused,
             "requests": self.requests,
             "connected_s": round(time.time() - self.connected_at, 1),
         }

@@ -178,27 +178,66 @@ class Ops:
         # the caller writes the long-tier file itself (GPU-direct) and ADOPTs it: no write-through
         persisted = bool(msg.get("persisted", False)) and self.long is not None
         slots: list[Any] = []
-        for res in store.reserve_many(self.ikeys(client, keys), lengths, code, overwrite):
+        budget = client.budget
+        reserved = store.reserve_many(
+            self.ikeys(client, keys), lengths, code, overwrite, budget.room, idle=not budget.used
+        )
+        for res in reserved:
             if res.chunk is None:
                 slots.append(res.error)
+                if res.error == "quota":
+                    self._over_quota(client)
                 continue
             if persisted:
                 res.chunk.on_long = True
+            budget.reserved(res.chunk)
             token = client.next_token
             client.next_token += 1
             client.reservations[token] = res.chunk
             slots.append([token, res.chunk.offset])
         return {"slots": slots}
 
+    @staticmethod
+    def _over_quota(client: Client) -> None:
+        """A PUT key refused for the client's pin budget: counted, and said once per connection."""
+        budget = client.budget
+        if not budget.refused:
+            log.warning(
+                "client %d (%s, pid %s) reached its pin budget (%d of %d bytes leased or reserved): "
+                "its further PUT keys are refused until it seals or releases some (--client-quota)",
+                client.id,
+                client.info.get("name", "?"),
+                client.info.get("pid", client.peer_pid),
+                budget.used,
+                budget.limit,
+            )
+        budget.refused += 1
+
+    @staticmethod
+    def _leases_over_quota(client: Client) -> None:
+        budget = client.budget
+        budget.over_warned = True
+        log.warning(
+            "client %d (%s, pid %s) leases %d bytes, over its pin budget of %d: leases that are "
+            "never released (a leak?) keep the others from that room; its PUTs are refused meanwhile",
+            client.id,
+            client.info.get("name", "?"),
+            client.info.get("pid", client.peer_pid),
+            budget.used,
+            budget.limit,
+        )
+
     def op_seal(self, client: Client, msg: dict[str, Any]) -> Reply:
         store = self.live_store
         tokens = self._ints(msg, "tokens")
         sealed = 0
         prev = None
+        unreserved = client.budget.unreserved
         for token in tokens:
             chunk = client.reservations.pop(token, None)
             if chunk is None:
                 continue
+            unreserved(chunk)
             if store.seal(chunk):
                 sealed += 1
                 if prev is not None:
@@ -209,7 +248,13 @@ class Ops:
         return {"sealed": sealed}
 
     def op_abort(self, client: Client, msg: dict[str, Any]) -> Reply:
-        n = self._end_held(client.reservations, self._ints(msg, "tokens"), self.live_store.abort)
+        store, budget = self.live_store, client.budget
+
+        def end(chunk: Chunk) -> None:
+            budget.unreserved(chunk)
+            store.abort(chunk)
+
+        n = self._end_held(client.reservations, self._ints(msg, "tokens"), end)
         return None if msg.get("noreply") else {"aborted": n}
 
     def op_get(self, client: Client, msg: dict[str, Any]) -> Reply:
@@ -229,12 +274,14 @@ class Ops:
         items: list[Any] = []
         hits = 0
         direct = 0
+        lease = client.budget.lease
         for ikey, chunk in zip(ikeys, found, strict=True):
             if chunk is None:
                 if ram_only and long is not None and long.contains(ikey):
                     direct += 1
                 items.append(None)
                 continue
+            lease(chunk)  # counted, never refused (see infera.kvd.budget)
             store.lease(chunk)
             token = client.next_token
             client.next_token += 1
@@ -246,6 +293,8 @@ class Ops:
         c["gets_total"] += len(keys) - direct
         c["hits_total"] += hits
         c["misses_total"] += misses
+        if client.budget.over and not client.budget.over_warned:
+            self._leases_over_quota(client)
         if direct:
             c["gets_direct_total"] = c.get("gets_direct_total", 0) + direct
         if long is not None and misses:
@@ -253,7 +302,13 @@ class Ops:
         return {"items": items}
 
     def op_release(self, client: Client, msg: dict[str, Any]) -> Reply:
-        n = self._end_held(client.leases, self._ints(msg, "leases"), self.live_store.release)
+        store, budget = self.live_store, client.budget
+
+        def end(chunk: Chunk) -> None:
+            budget.release(chunk)
+            store.release(chunk)
+
+        n = self._end_held(client.leases, self._ints(msg, "leases"), end)
         return None if msg.get("noreply") else {"released": n}
 
     def op_lookup(self, client: Client, msg: dict[str, Any]) -> Reply:

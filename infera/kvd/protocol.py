@@ -81,6 +81,7 @@ ERROR_CODES = (
     "version",  # no common protocol version
     "refused",  # peer uid not allowed
     "full",  # arena cannot hold the chunk even after eviction
+    "quota",  # the connection already pins its share of the arena (--client-quota)
     "busy",  # another writer holds a reservation for this key
     "exists",  # key already sealed (PUT without overwrite)
     "unsupported",  # feature not enabled on this daemon (e.g. PREWARM without a long tier)

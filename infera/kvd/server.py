@@ -287,12 +287,18 @@ class Server(NetIO, Ops, SliceRunner):
                 sock.close()
                 continue
             sock.setblocking(False)
-            client = Client(sock, self.next_client, pid, uid, gid)
+            client = Client(sock, self.next_client, pid, uid, gid, self.client_quota())
             client.reader = P.FrameReader(self.cfg.max_frame)
             self.next_client += 1
             self.connections_total += 1
             self.clients[client.id] = client
             self._interest(client)  # registers it for reading
+
+    def client_quota(self) -> int | None:
+        """The bytes one connection may pin (``--client-quota``, a share of the arena; None: 100 %)."""
+        assert self.arena is not None
+        share = self.cfg.client_quota
+        return None if share >= 100 else self.arena.capacity * share // 100
 
     def _handle_frame(self, client: Client, body: bytes) -> None:
         client.requests += 1
@@ -349,6 +355,7 @@ class Server(NetIO, Ops, SliceRunner):
             )
         client.leases.clear()
         client.reservations.clear()
+        client.budget.clear()
         if client.hello:
             store.ns.release(client.ns_id)
         self._forget_io(client)

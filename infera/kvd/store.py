@@ -45,6 +45,7 @@ from typing import Any
 from infera.kvd.arena import ALIGN, Allocator, align_up
 from infera.kvd.chunk import (
     _FULL,
+    _QUOTA,
     BUSY,
     EPHEMERAL,
     EVICTION_ORDER,
@@ -113,6 +114,7 @@ class Store(EvictionQueues, Readers):
                 "bytes_out_total",
                 "put_rejected_total",
                 "put_rejected_full_total",
+                "put_rejected_quota_total",
                 "put_none_total",
                 "put_exists_total",
                 "put_busy_total",
@@ -131,8 +133,11 @@ class Store(EvictionQueues, Readers):
         return self.ns.acquire(name, lambda: itertools.chain(self.index, self.pending))
 
     # -- writers ----------------------------------------------------------------------------
-    def reserve(self, ikey: bytes, length: int, retention: int, overwrite: bool = False) -> ReserveResult:
-        """Reserve ``length`` bytes for ``ikey``. Errors: none/exists/busy/full/too_large."""
+    def reserve(
+        self, ikey: bytes, length: int, retention: int, overwrite: bool = False, room: int | None = None
+    ) -> ReserveResult:
+        """Reserve ``length`` bytes for ``ikey``. Errors: none/exists/busy/too_large/quota/full.
+        ``room``: the bytes the caller's connection may still pin (:mod:`infera.kvd.budget`)."""
         if retention == NONE:
             self.c["put_none_total"] += 1
             return ReserveResult(None, "none")
@@ -147,6 +152,10 @@ class Store(EvictionQueues, Readers):
         if size > self.alloc.capacity:
             self.c["put_rejected_total"] += 1
             return ReserveResult(None, "too_large")
+        if room is not None and length > room:
+            self.c["put_rejected_total"] += 1
+            self.c["put_rejected_quota_total"] += 1
+            return _QUOTA
         full_at = self._full_at
         off = None if full_at is not None and size >= full_at else self._alloc_evicting(length)
         if off is None:
@@ -160,13 +169,21 @@ class Store(EvictionQueues, Readers):
         return ReserveResult(chunk)
 
     def reserve_many(
-        self, ikeys: Sequence[bytes], lengths: Sequence[int], retention: int, overwrite: bool = False
+        self,
+        ikeys: Sequence[bytes],
+        lengths: Sequence[int],
+        retention: int,
+        overwrite: bool = False,
+        room: int | None = None,
+        idle: bool = False,
     ) -> list[ReserveResult]:
         """A PUT's reservations, all or nothing: :meth:`reserve` for each key (the caller checked
         every argument first); if anything raises midway, the reservations this call made are
         given back before the exception goes on. Once a size found the arena full (everything
         evictable already evicted), keys of that size or larger in the same call are refused
-        ``full`` at once: nothing in between frees room."""
+        ``full`` at once: nothing in between frees room. ``room``: the bytes the connection may
+        still pin, less each reservation made here; ``idle``: it pins nothing yet, so its first
+        reservation may be larger than ``room`` (the quota never makes a chunk unwritable)."""
         out: list[ReserveResult] = []
         capacity = self.alloc.capacity
         self._full_at = capacity + ALIGN  # nothing refused yet: above any size that fits
@@ -179,6 +196,7 @@ class Store(EvictionQueues, Readers):
                 # a few dict lookups (align_up(length) >= _full_at, both multiples of ALIGN)
                 if (
                     self._full_at - ALIGN < length <= capacity
+                    and (room is None or idle or length <= room)
                     and retention != NONE
                     and (overwrite or ikey not in index)
                     and ikey not in pending
@@ -186,7 +204,12 @@ class Store(EvictionQueues, Readers):
                     out.append(_FULL)
                     refused += 1
                     continue
-                out.append(self.reserve(ikey, length, retention, overwrite))
+                allowed = max(room, length) if idle and room is not None else room
+                res = self.reserve(ikey, length, retention, overwrite, allowed)
+                if room is not None and res.chunk is not None:
+                    room -= length
+                    idle = False
+                out.append(res)
         except BaseException:
             n = 0
             for res in out:

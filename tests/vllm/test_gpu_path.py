@@ -374,7 +374,7 @@ def test_disk_hits_after_a_restart_load_exact_bytes(start_daemon: Any, short_tmp
 def test_a_full_arena_refuses_the_rest_counted_and_said_once(
     start_daemon: Any, caplog: pytest.LogCaptureFixture, gpu_path: bool
 ) -> None:
-    d = start_daemon("--max-bytes", "1M")  # room for 4 chunks of 256 KiB
+    d = start_daemon("--max-bytes", "1M", "--client-quota", "100")  # room for 4 chunks of 256 KiB
     caches = per_layer_nhd(L=4, H=4, N=4, D=512)
     w = gpu_worker(d.socket)
     w.gpu_path_on_cpu = gpu_path

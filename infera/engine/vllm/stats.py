@@ -33,7 +33,7 @@ from infera.engine.vllm.scheduler.loadcost import TIERS
 # the long tier's backend (HELLO's long_tier) -> the tier name in stats and metrics
 LONG_TIER_KIND = {"disk": "disk", "mooncake": "distributed", "lmcache": "distributed"}
 LOAD_FAILURES = ("missing", "bad_chunk", "unavailable")
-SAVE_DROPS = ("full", "too_large", "unavailable", "error")
+SAVE_DROPS = ("full", "too_large", "quota", "unavailable", "error")
 
 COUNTERS = (
     "loaded_chunks",
@@ -66,6 +66,7 @@ WORKER_COUNTERS: dict[str, tuple[str, float]] = {
     "load_failed_unavailable": ("failed_loads_unavailable", 1),
     "save_full": ("dropped_saves_full", 1),
     "save_too_large": ("dropped_saves_too_large", 1),
+    "save_quota": ("dropped_saves_quota", 1),
     "save_skipped_unavailable": ("dropped_saves_unavailable", 1),
     "save_errors": ("dropped_saves_error", 1),
 }

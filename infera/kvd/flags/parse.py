@@ -66,6 +66,14 @@ def int_range(lo: int, hi: int) -> Parse:
     return parse
 
 
+def percent(value: Any, flag: str) -> int:
+    """A whole percentage 1-100, with or without its ``%``."""
+    text = str(value).strip().removesuffix("%").strip()
+    if not re.fullmatch(r"\d+", text) or not 1 <= int(text) <= 100:
+        raise UsageError(f"{flag}: {value!r} is not a percentage between 1 and 100")
+    return int(text)
+
+
 def tcp_port(value: Any, flag: str) -> int:
     text = str(value).strip()
     if not text.isdigit() or not 0 < int(text) < 65536:

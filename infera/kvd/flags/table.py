@@ -18,6 +18,7 @@ from infera.kvd.flags.parse import (
     master_address,
     metadata_url,
     octal_mode,
+    percent,
     size,
     socket_path,
     switch,
@@ -153,6 +154,15 @@ FLAGS: tuple[Flag, ...] = (
         "300s",
         metavar="DURATION",
         bad="forever",
+    ),
+    Flag(
+        "--client-quota",
+        "The most of the arena one connection may pin at once with its leases and unsealed "
+        "reservations, in percent (1-100; 100: no limit). Past it its keys are refused, not the others'.",
+        percent,
+        "50",
+        metavar="PERCENT",
+        bad="0",
     ),
     Flag(
         "--fsync",

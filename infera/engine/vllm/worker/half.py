@@ -318,7 +318,7 @@ class WorkerHalf(LoadMixin, GpuWorkerMixin):
     def _refused(self, why: str, length: int) -> None:
         """A reservation the daemon refused: counted, and a full arena said once."""
         self.counters[f"save_{why}"] += 1
-        if why in ("full", "too_large"):
+        if why in ("full", "too_large", "quota"):
             self._warn_once(why, f"infera-kvd: the daemon refused a {length}-byte chunk ({why})")
 
     # -- reporting ---------------------------------------------------------------------------
