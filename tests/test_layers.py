@@ -39,6 +39,7 @@ LAYERS: dict[str, str] = {
     "infera.loadreport": "contract",  # the load policy's counters an engine REPORTs, rendered
     "infera.kvd.protocol": "contract",  # frames, HELLO, default socket path, arena mapping
     "infera.kvd.client": "contract",
+    "infera.kvd.clientarena": "contract",  # the client's reads and writes through the arena
     "infera.kvd.clientnet": "contract",  # connecting to a daemon one trusts; the client errors
     "infera.kvd.clientwire": "contract",  # the client's frames and replies
     "infera.kvd.populate": "contract",  # a mapping of the arena populated (client, and --prefault)

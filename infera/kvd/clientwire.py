@@ -1,8 +1,9 @@
 """The client's wire: one socket to a kvd daemon, frames out, replies matched to requests.
 
-:class:`infera.kvd.client.KvdClient` builds on it; this part knows nothing of chunks or arenas.
-Replies are read whole (a frame may arrive in pieces, several may arrive in one read); with a
-spin window set, a reader polls the socket briefly before it blocks.
+:class:`infera.kvd.client.KvdClient` builds on it, through :class:`~infera.kvd.clientarena.ArenaIO`;
+this part knows nothing of chunks or arenas. Replies are read whole (a frame may arrive in pieces,
+several may arrive in one read); with a spin window set, a reader polls the socket briefly before
+it blocks.
 """
 
 from __future__ import annotations

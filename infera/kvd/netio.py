@@ -1,17 +1,19 @@
 """Connection I/O of the daemon's loop: what one client may cost the others, and no more.
 
 The loop is single-threaded (see :mod:`infera.kvd.server`), so anything that blocks it, or lets one
-connection hold unbounded memory, is paid by every engine on the host. This module holds the rules
-that keep a stuck, slow or hostile client's cost on its own connection:
+connection hold unbounded memory, is paid by every engine on the host. This module (reading, turns,
+accepting) and :mod:`infera.kvd.netout` (replies) hold the rules that keep a stuck, slow or hostile
+client's cost on its own connection:
 
 * Nothing here ever blocks. Replies go out from a per-connection :class:`OutQueue` when the socket
   is writable; descriptors (the arena fd of HELLO) travel with the first byte of their own frame.
   A client that stops reading (a SIGSTOPped engine) only grows its own queue.
-* A queue above :data:`OUT_PAUSE_BYTES` stops the loop reading that client's requests until it
-  drains below :data:`OUT_RESUME_BYTES`; one above :data:`OUT_DROP_BYTES` (replies the client did
-  not ask for in this turn, e.g. answers a long tier completes later) drops the connection. The
-  queues of all clients together hold at most :data:`OUT_BUDGET_BYTES` (many connections that
-  each ask one big STATS and never read); over it, those holding the most are dropped.
+* A queue above :data:`~infera.kvd.netout.OUT_PAUSE_BYTES` stops the loop reading that client's
+  requests until it drains below :data:`~infera.kvd.netout.OUT_RESUME_BYTES`; one above
+  :data:`~infera.kvd.netout.OUT_DROP_BYTES` (replies the client did not ask for in this turn, e.g.
+  answers a long tier completes later) drops the connection. The queues of all clients together
+  hold at most :data:`~infera.kvd.netout.OUT_BUDGET_BYTES` (many connections that each ask one big
+  STATS and never read); over it, those holding the most are dropped.
 * One turn handles at most :data:`FRAMES_PER_TURN` frames of a connection, or
   :data:`TURN_BUDGET_S` of work; the rest wait for the next turn, so a pipelined flood shares the
   loop with everyone else (a healthy request waits at most one turn per flooding connection). A
@@ -46,18 +48,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("infera.kvd")
 
-OUT_PAUSE_BYTES = 4 << 20  # queued replies above which the loop stops reading a client's requests
-OUT_RESUME_BYTES = 1 << 20  # ... and below which it reads them again
-OUT_DROP_BYTES = 16 << 20  # queued replies above which a client is dropped
-OUT_BUDGET_BYTES = 32 << 20  # queued replies of all clients together
 FRAMES_PER_TURN = 64  # frames of one connection handled per loop turn
 TURN_BUDGET_S = 0.002  # ... and the time they may take (checked after each frame)
 INPUT_BUDGET_BYTES = 32 << 20  # partially received frames of all connections together
 ACCEPT_BACKOFF_S = 0.1  # first pause of the listener after a failed accept
 ACCEPT_BACKOFF_MAX_S = 1.0
 ACCEPT_LOG_EVERY_S = 60.0  # one line per episode of failed accepts, not one per failure
-_BIG = P.CHECKED_BODY  # replies above this are checked against the frame cap
-_READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
+_READ = selectors.EVENT_READ
 
 
 class NetState:
@@ -114,6 +111,8 @@ class NetIO:
         raise NotImplementedError
 
     _run_slice: Callable[[Client, Sliced], None]  # provided by SliceRunner (no stub: MRO)
+    _send_last: Callable[[Client, str, str], None]  # provided by NetOut (no stub: MRO)
+    _interest: Callable[[Client], None]  # provided by NetOut (no stub: MRO)
 
     def _init_netio(self) -> None:
         self.net = NetState()
@@ -246,7 +245,7 @@ class NetIO:
             if net.inbuf_bytes <= INPUT_BUDGET_BYTES:
                 break
             net.input_budget_drops_total += 1
-            _warn_dropped(
+            warn_dropped(
                 victim,
                 f"its partial frame of {victim.inbuf} bytes is over the daemon's {INPUT_BUDGET_BYTES}-byte input budget",
             )
@@ -262,119 +261,6 @@ class NetIO:
             client.inbuf = 0
         self._ready.pop(client.id, None)
         client.inbox.clear()
-
-    # -- writing -------------------------------------------------------------------------------
-    def _send(self, client: Client, msg: dict[str, Any], fds: list[int] | None = None) -> None:
-        """Queue one reply; never blocks. Sent at once when nothing is queued before it."""
-        frame = P.encode(msg)
-        if len(frame) > _BIG and len(frame) - 4 > self.cfg.max_frame:
-            self.net.replies_too_large_total += 1
-            log.warning("a %d-byte reply to client %d exceeds the frame cap", len(frame), client.id)
-            fds = None
-            frame = P.encode(
-                {
-                    "id": msg.get("id", 0),
-                    "ok": False,
-                    "error": "too_large",
-                    "message": f"the reply ({len(frame)} bytes) would exceed the frame cap",
-                }
-            )
-        out = client.out
-        if not out.size:  # nothing queued before it: straight to the kernel
-            try:
-                sent = socket.send_fds(client.sock, [frame], fds) if fds else client.sock.send(frame)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError as exc:
-                self._drop(client, f"write error: {exc}")
-                return
-            if sent == len(frame):
-                return
-            out.push(memoryview(frame)[sent:], None if sent else fds)
-            self.net.out_total += len(frame) - sent
-        else:
-            out.push(frame, fds)
-            self.net.out_total += len(frame)
-        if self.net.out_total > OUT_BUDGET_BYTES:
-            self._shed_output()
-            if client.closed:
-                return
-        if out.size > OUT_PAUSE_BYTES:
-            if out.size > OUT_DROP_BYTES:
-                self.net.output_dropped_total += 1
-                _warn_dropped(client, f"{out.size} bytes of replies queued, over {OUT_DROP_BYTES}")
-                self._drop(client, "not reading its replies")
-                return
-            if not client.out_paused:
-                client.out_paused = True
-                self.net.output_paused_total += 1
-                if not client.out_logged:
-                    client.out_logged = True
-                    log.warning(
-                        "client %d (pid %s) is not reading its replies: %d bytes queued; its "
-                        "requests wait until it catches up (logged once per connection)",
-                        client.id,
-                        client.info.get("pid", client.peer_pid),
-                        out.size,
-                    )
-        self._interest(client)
-
-    def _shed_output(self) -> None:
-        """Over the daemon-wide budget of queued replies: drop the clients holding the most."""
-        net = self.net
-        for victim in sorted((c for c in self.clients.values() if c.out.size), key=lambda c: -c.out.size):
-            if net.out_total <= OUT_BUDGET_BYTES:
-                break
-            net.output_dropped_total += 1
-            _warn_dropped(
-                victim,
-                f"{victim.out.size} bytes of replies queued while all clients together hold over {OUT_BUDGET_BYTES}",
-            )
-            self._drop(victim, "not reading its replies")
-
-    def _flush(self, client: Client) -> None:
-        """Hand the kernel what it takes of a client's queue; raises OSError if the socket broke."""
-        out = client.out
-        before = out.size
-        try:
-            out.flush(client.sock)
-        finally:
-            self.net.out_total -= before - out.size
-
-    def _send_last(self, client: Client, code: str, why: str) -> None:
-        """Say why (best effort, without waiting) and hang up."""
-        self._send(client, {"id": 0, "ok": False, "error": code, "message": why})
-        if not client.closed:
-            with contextlib.suppress(OSError):
-                self._flush(client)
-        self._drop(client, why)
-
-    def _on_writable(self, client: Client) -> None:
-        try:
-            self._flush(client)
-        except OSError as exc:
-            self._drop(client, f"write error: {exc}")
-            return
-        if client.out_paused and client.out.size <= OUT_RESUME_BYTES:
-            client.out_paused = False
-            if client.inbox:
-                self._ready[client.id] = client
-        self._interest(client)
-
-    def _interest(self, client: Client) -> None:
-        """Watch a client for what it can use now: requests unless its replies pile up or frames
-        of it wait for a turn, writability while replies are queued."""
-        want = (0 if client.inbox or client.out_paused else _READ) | (_WRITE if client.out.size else 0)
-        have = client.events
-        if want == have or client.closed:
-            return
-        client.events = want
-        if not want:
-            self.sel.unregister(client.sock)
-        elif not have:
-            self.sel.register(client.sock, want, ("client", client))
-        else:
-            self.sel.modify(client.sock, want, ("client", client))
 
     # -- accepting -----------------------------------------------------------------------------
     def _accept_failed(self, exc: OSError) -> None:
@@ -407,5 +293,6 @@ class NetIO:
         self.net.accept_backoff = ACCEPT_BACKOFF_S
 
 
-def _warn_dropped(client: Client, why: str) -> None:
+def warn_dropped(client: Client, why: str) -> None:
+    """Log that a client is being dropped, who it is and why (the caller drops it)."""
     log.warning("client %d (pid %s) dropped: %s", client.id, client.info.get("pid", client.peer_pid), why)

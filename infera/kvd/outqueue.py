@@ -2,7 +2,7 @@
 
 A reply is a frame plus, for HELLO, the arena descriptor, which must leave with the first byte of
 its own frame (SCM_RIGHTS). The loop never blocks on a client: it appends here and sends what the
-socket takes whenever the socket is writable (see infera.kvd.netio for the budgets around it).
+socket takes whenever the socket is writable (see infera.kvd.netout for the budgets around it).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Single-threaded on purpose: the index and policy need no locks, and a request's cost is a dict
 lookup plus a small msgpack frame. Work that can block (disk and distributed tiers, the metrics
 endpoint) lives in threads that hand results back through :meth:`Server.call_soon`. The loop itself
-never blocks on a client: connection I/O and its bounds live in :mod:`infera.kvd.netio`.
+never blocks on a client: connection I/O and its bounds live in :mod:`infera.kvd.netio` (replies:
+:mod:`infera.kvd.netout`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from infera.kvd.arena import Arena
 from infera.kvd.config import DaemonConfig
 from infera.kvd.conn import BadRequest, Client, Reply
 from infera.kvd.netio import NetIO
+from infera.kvd.netout import NetOut
 from infera.kvd.ops import Ops
 from infera.kvd.paths import acquire_lock, clear_stale_socket, prepare_socket_dir
 from infera.kvd.slices import Sliced, SliceRunner, spec_for
@@ -45,7 +47,7 @@ _NS_KEYING_OPS = frozenset(("PUT",))
 _NS_KEYING_OPS_LONG = frozenset(("PUT", "GET", "LOOKUP", "DELETE", "PREWARM", "ADOPT"))
 
 
-class Server(NetIO, Ops, SliceRunner):
+class Server(NetIO, NetOut, Ops, SliceRunner):
     """The kvd daemon. ``start()`` binds and allocates; ``serve_forever()`` runs the loop."""
 
     def __init__(self, cfg: DaemonConfig) -> None:

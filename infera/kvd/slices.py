@@ -141,7 +141,7 @@ class SliceRunner:
     _ready: dict[int, Client]
     _answer: Callable[[Client, Any, Callable[[], Reply]], None]  # Server
     _dispatch: Callable[[Client, Any, str], Reply]  # Server
-    _interest: Callable[[Client], None]  # NetIO
+    _interest: Callable[[Client], None]  # NetOut
     check_batch: Callable[[dict[str, Any], SliceSpec], None]  # Ops
 
     def _start_sliced(self, client: Client, msg: dict[str, Any], spec: SliceSpec) -> None:

@@ -42,6 +42,7 @@ from infera.engine.vllm.worker.gpu.copier import ArenaPin, GpuCopier
 from infera.engine.vllm.worker.gpu.gdpath import GdPath
 from infera.engine.vllm.worker.gpu.layerwise_gpu import GpuLayerwise
 from infera.engine.vllm.worker.half_gpu import GpuWorkerMixin
+from infera.engine.vllm.worker.half_gpu_save import GpuSaveMixin
 from infera.engine.vllm.worker.half_load import LoadMixin
 from infera.engine.vllm.worker.layerwise import LayerwiseLoads
 from infera.engine.vllm.worker.layout import KVLayout, LayoutError
@@ -54,7 +55,7 @@ log = logging.getLogger("infera.engine.vllm")
 REPORT_EVERY_S = float(os.environ.get("INFERA_KVD_REPORT_EVERY_S", "5") or 5)
 
 
-class WorkerHalf(LoadMixin, GpuWorkerMixin):
+class WorkerHalf(LoadMixin, GpuWorkerMixin, GpuSaveMixin):
     def __init__(
         self,
         namespace: Namespace,
