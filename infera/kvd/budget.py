@@ -23,7 +23,11 @@ bytes) are the daemon's own and count against no connection.
 
 from __future__ import annotations
 
+import logging
+
 from infera.kvd.chunk import Chunk
+
+log = logging.getLogger("infera.kvd")
 
 
 class PinBudget:
@@ -74,6 +78,29 @@ class PinBudget:
             self.used -= chunk.length
         else:
             leased[chunk] = n - 1
+
+    def refuse(self, who: str) -> None:
+        """A PUT key of ``who`` was refused for this budget: counted, and said the first time."""
+        if not self.refused:
+            log.warning(
+                "%s reached its pin budget (%d of %d bytes leased or reserved): its further PUT keys "
+                "are refused until it seals or releases some (--client-quota)",
+                who,
+                self.used,
+                self.limit,
+            )
+        self.refused += 1
+
+    def warn_over(self, who: str) -> None:
+        """``who``'s leases passed its limit: said once (a lease leak, most likely)."""
+        self.over_warned = True
+        log.warning(
+            "%s leases %d bytes, over its pin budget of %d: leases that are never released (a leak?) "
+            "keep the others from that room; its PUTs are refused meanwhile",
+            who,
+            self.used,
+            self.limit,
+        )
 
     def clear(self) -> None:
         """The connection is gone with everything it pinned."""

@@ -186,7 +186,7 @@ class Ops:
             if res.chunk is None:
                 slots.append(res.error)
                 if res.error == "quota":
-                    self._over_quota(client)
+                    budget.refuse(self._who(client))
                 continue
             if persisted:
                 res.chunk.on_long = True
@@ -198,34 +198,8 @@ class Ops:
         return {"slots": slots}
 
     @staticmethod
-    def _over_quota(client: Client) -> None:
-        """A PUT key refused for the client's pin budget: counted, and said once per connection."""
-        budget = client.budget
-        if not budget.refused:
-            log.warning(
-                "client %d (%s, pid %s) reached its pin budget (%d of %d bytes leased or reserved): "
-                "its further PUT keys are refused until it seals or releases some (--client-quota)",
-                client.id,
-                client.info.get("name", "?"),
-                client.info.get("pid", client.peer_pid),
-                budget.used,
-                budget.limit,
-            )
-        budget.refused += 1
-
-    @staticmethod
-    def _leases_over_quota(client: Client) -> None:
-        budget = client.budget
-        budget.over_warned = True
-        log.warning(
-            "client %d (%s, pid %s) leases %d bytes, over its pin budget of %d: leases that are "
-            "never released (a leak?) keep the others from that room; its PUTs are refused meanwhile",
-            client.id,
-            client.info.get("name", "?"),
-            client.info.get("pid", client.peer_pid),
-            budget.used,
-            budget.limit,
-        )
+    def _who(client: Client) -> str:
+        return f"client {client.id} ({client.info.get('name', '?')}, pid {client.info.get('pid', client.peer_pid)})"
 
     def op_seal(self, client: Client, msg: dict[str, Any]) -> Reply:
         store = self.live_store
@@ -294,7 +268,7 @@ class Ops:
         c["hits_total"] += hits
         c["misses_total"] += misses
         if client.budget.over and not client.budget.over_warned:
-            self._leases_over_quota(client)
+            client.budget.warn_over(self._who(client))
         if direct:
             c["gets_direct_total"] = c.get("gets_direct_total", 0) + direct
         if long is not None and misses:
