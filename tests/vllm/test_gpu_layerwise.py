@@ -19,7 +19,7 @@ from infera.engine.vllm.config import ConnectorEnv
 from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
 from infera.engine.vllm.worker.gpu.copier import GpuCopier, LoadItem
 from infera.engine.vllm.worker.gpu.layerwise_gpu import GpuLayerwise, runs_of
-from infera.engine.vllm.worker.gpu.rows import RowCopyError, check_rows, torch_rows
+from infera.engine.vllm.worker.gpu.rows import RowCopyError, check_rows, pick_runtime, torch_rows
 from infera.engine.vllm.worker.layout import KVLayout
 
 BPC = 2
@@ -76,6 +76,27 @@ def test_rows_never_leave_a_tensor() -> None:
     src = torch.arange(100, dtype=torch.uint8)
     torch_rows(t, 1, 4, src, 10, 20, 3, 2, None)
     assert t[:9].tolist() == [0, 10, 11, 12, 0, 30, 31, 32, 0]
+
+
+# /proc/self/maps of a process with two CUDA runtimes loaded: a package's 12 before torch's 13
+_MAPS = """\
+7f0000000000-7f0000100000 r-xp 00000000 08:01 11 /opt/conda/lib/python3.12/site-packages/cupy_backends/libcudart.so.12.8.90
+7f0000200000-7f0000300000 r-xp 00000000 08:01 12 /opt/conda/lib/python3.12/site-packages/nvidia/cu13/lib/libcudart.so.13
+7f0000400000-7f0000500000 r--p 00000000 08:01 13 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f0000600000-7f0000601000 rw-p 00000000 00:00 0 [heap]
+"""
+
+
+def test_the_row_copy_uses_the_runtime_torch_was_built_with() -> None:
+    cu13 = "/opt/conda/lib/python3.12/site-packages/nvidia/cu13/lib/libcudart.so.13"
+    assert pick_runtime(_MAPS, "13.0") == (cu13, "cudaMemcpy2DAsync")
+    assert pick_runtime(_MAPS, "12.8")[0].endswith("libcudart.so.12.8.90")  # type: ignore[index]
+    # no version to go by, or none of that major version: the first by path, as before
+    assert pick_runtime(_MAPS, None)[0].endswith("libcudart.so.12.8.90")  # type: ignore[index]
+    assert pick_runtime(_MAPS, "11.8")[0].endswith("libcudart.so.12.8.90")  # type: ignore[index]
+    hip = "7f00-7f01 r-xp 00000000 08:01 14 /opt/rocm/lib/libamdhip64.so.6.4.60400\n"
+    assert pick_runtime(hip, "6.4.43482") == ("/opt/rocm/lib/libamdhip64.so.6.4.60400", "hipMemcpy2DAsync")
+    assert pick_runtime("7f00-7f01 rw-p 00000000 00:00 0 [stack]\n", "13.0") is None
 
 
 @pytest.mark.parametrize("name", ["0.26-nhd", "0.29-views", "dsa"])

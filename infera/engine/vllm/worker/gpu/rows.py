@@ -80,13 +80,27 @@ def _loaded_runtime() -> tuple[str, str] | None:
     """(path, function) of the GPU runtime library this process has loaded."""
     try:
         with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "/" in line}
+            maps = f.read()
     except OSError:
         return None
+    return pick_runtime(maps, torch.version.cuda or getattr(torch.version, "hip", None))
+
+
+def pick_runtime(maps: str, version: str | None) -> tuple[str, str] | None:
+    """(path, function) of the runtime library in ``maps`` (the text of ``/proc/PID/maps``) that
+    torch's own runtime ``version`` (``torch.version.cuda`` or ``.hip``, e.g. ``13.0``) names.
+
+    A process may have two loaded (torch's ``libcudart.so.13`` and, say, a ``libcudart.so.12``
+    another package brought): the copy must run in torch's, the one whose major version torch was
+    built with. Without a version to go by, or no library of that major version, the first by
+    path (the only one, usually)."""
+    paths = sorted({line.split()[-1] for line in maps.splitlines() if "/" in line})
+    major = version.split(".", 1)[0] if version else None
     for stem, fn in _LIBS:
-        for p in sorted(paths):
-            if p.rsplit("/", 1)[-1].startswith(stem):
-                return p, fn
+        found = [p for p in paths if p.rsplit("/", 1)[-1].startswith(stem)]
+        same = [p for p in found if major and p.rsplit("/", 1)[-1].startswith(f"{stem}.{major}")]
+        if same or found:
+            return (same or found)[0], fn
     return None
 
 
