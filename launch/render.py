@@ -115,6 +115,8 @@ class RProc:
     port: str | None = None
     unit: str = ""
     mounts: list[str] = field(default_factory=list)
+    after: list[str] = field(default_factory=list)  # units it starts after (the router: the legs')
+    part_of: list[str] = field(default_factory=list)  # units whose restart restarts it too
 
     @property
     def argv(self) -> list[str]:
@@ -176,9 +178,14 @@ def context(dep: Deployment) -> dict[str, Any]:
         if uses and long_path and leg.env.get("INFERA_KVD_AIS"):
             mounts.append(long_path)
         procs.append(_rproc(leg, "leg", leg.role, uses, mounts))
-    for router in dep.routers:
-        procs.append(_rproc(router, "router", "router", False, []))
     legs = [p for p in procs if p.kind == "leg"]
+    for router in dep.routers:
+        rp = _rproc(router, "router", "router", False, [])
+        # vllm-router asks the prefill engine for its engine id once, when it starts: after a
+        # prefill restart, a router left running sends the decode leg to the old engine (docs/pd.md)
+        rp.after = [lp.unit for lp in legs]
+        rp.part_of = [lp.unit for lp in legs if lp.role == "prefill"]
+        procs.append(rp)
     parts = []
     if daemon is not None:
         parts.append({"name": daemon.name, "start": [procs[0]], "desc": "the kvd daemon only"})
@@ -188,8 +195,12 @@ def context(dep: Deployment) -> dict[str, Any]:
             " and the kvd daemon it uses" if len(start) > 1 else ""
         )
         parts.append({"name": lp.name, "start": start, "desc": desc})
-    for rp in (p for p in procs if p.kind == "router"):
-        parts.append({"name": rp.name, "start": [rp], "desc": "vllm-router, in front of the legs"})
+    routers = [p for p in procs if p.kind == "router"]
+    for rp in routers:
+        desc = "vllm-router, in front of the legs"
+        if rp.part_of:
+            desc += "; restart it after restarting the prefill engine"
+        parts.append({"name": rp.name, "start": [rp], "desc": desc})
     everything: list[RProc] = []
     for part in parts:
         starts: list[RProc] = part["start"]  # type: ignore[assignment]
@@ -204,6 +215,8 @@ def context(dep: Deployment) -> dict[str, Any]:
         "daemon": procs[0] if daemon is not None else None,
         "legs": legs,
         "parts": parts,
+        # routers to restart with a prefill engine (systemd: PartOf; the other formats say so)
+        "restart_with_prefill": [rp.name for rp in routers if rp.part_of],
         "socket": socket,
         "socket_dir": socket_dir,
         "long_path": long_path,

@@ -176,3 +176,23 @@ def test_a_router_file_alone_checks_its_own_flags_only() -> None:
     assert lint_sources([Source("router.sh", ok)]).findings == []
     bare = "vllm-router --vllm-pd-disaggregation --kv-connector mooncake --prefill not-a-url:x --decode http://b:2\n"
     assert [f.code for f in lint_sources([Source("r.sh", bare)]).findings] == ["KVD212"]
+
+
+def test_the_router_restarts_with_the_prefill_engine() -> None:
+    """vllm-router reads the prefill engine's id once, at its start (docs/pd.md, on the H200: a
+    router left running sent the decode leg to the old engine): systemd restarts it with the
+    prefill unit, the other formats say to."""
+    files = render(deployment(), "systemd")
+    unit = files["infera-router.service"]
+    assert "PartOf=infera-prefill.service\n" in unit
+    assert "After=network-online.target infera-prefill.service infera-decode.service\n" in unit
+    assert "PartOf=" not in files["infera-prefill.service"] + files["infera-decode.service"]
+    (compose,) = render(deployment(), "compose").values()
+    assert "docker compose restart router" in compose
+    (k8s,) = render(deployment(), "k8s").values()
+    assert "kubectl rollout restart deployment/infera-router" in k8s
+    (shell,) = render(deployment(), "shell").values()
+    assert "restart it after restarting the prefill engine" in shell
+    # --no-router: nothing to restart, nothing said
+    (compose,) = render(deployment("--no-router"), "compose").values()
+    assert "restart" not in compose.split("services:")[0]

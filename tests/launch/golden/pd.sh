@@ -6,7 +6,7 @@
 #   kvd             the kvd daemon only
 #   prefill         the prefill engine and the kvd daemon it uses
 #   decode          the decode engine
-#   router          vllm-router, in front of the legs
+#   router          vllm-router, in front of the legs; restart it after restarting the prefill engine
 #
 # Each start_* function holds one command as you would type it: paste its body to run it by hand.
 set -euo pipefail
