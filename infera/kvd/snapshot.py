@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from infera import __version__
 from infera.keyrules import fingerprint_conflicts
 from infera.kvd import protocol as P
+from infera.units import format_size
 
 if TYPE_CHECKING:
     from infera.kvd.config import DaemonConfig
@@ -74,7 +75,7 @@ def build_snapshot(server: StatsSource) -> dict[str, Any]:
             "namespace_ids_freed_total": table.freed_total,
             "namespace_refused_total": table.refused_total,
             "long_backend": server.cfg.long_backend,
-            "warnings": hash_warnings(clients),
+            "warnings": hash_warnings(clients) + quota_warnings(clients),
         }
     )
     long = server.long.stats() if server.long is not None else None
@@ -106,6 +107,22 @@ def hash_warnings(clients: list[dict[str, Any]]) -> list[str]:
         out.append(
             f"engines of model {model} disagree on hash settings, so they never share chunks ({parts})"
         )
+    return out
+
+
+def quota_warnings(clients: list[dict[str, Any]]) -> list[str]:
+    """Warn about clients at their pin budget (``--client-quota``): refused writes, or leases past it."""
+    out = []
+    for c in clients:
+        quota, pinned, refused = c.get("quota_bytes"), c.get("pinned_bytes", 0), c.get("quota_refused", 0)
+        if quota is None or not (refused or pinned > quota):
+            continue
+        who = f"client {c.get('name') or '?'} ({_pid(c)})"
+        held = f"it pins {format_size(pinned)} of its {format_size(quota)} (--client-quota)"
+        if pinned > quota:
+            out.append(f"{who} leases more than its pin quota, a lease leak?: {held}")
+        else:
+            out.append(f"{who} had {refused} PUT keys refused for its pin quota: {held}")
     return out
 
 

@@ -69,6 +69,11 @@ def test_a_client_reserving_the_whole_arena_stops_at_its_quota(start_daemon: Cal
         row = _client_row(st, "hostile")
         assert row["pinned_bytes"] == len(granted) * CHUNK == row["quota_bytes"]
         assert row["quota_refused"] == len(slots) - len(granted)
+        refused = len(slots) - len(granted)
+        assert st["warnings"] == [
+            f"client hostile (pid {row['pid']}) had {refused} PUT keys refused for its pin quota: "
+            "it pins 32.0 MiB of its 32.0 MiB (--client-quota)"
+        ]
         s.close()
     probe.assert_healthy()
     assert "reached its pin budget" in d.log()
@@ -112,6 +117,7 @@ def test_leases_count_once_are_never_refused_and_stop_the_clients_own_writes(
         row = _client_row(st, "reader")
         assert row["pinned_bytes"] == 6 * mib > row["quota_bytes"] and row["quota_refused"] == 2
         assert st["put_rejected_quota_total"] == 2
+        assert any("reader" in w and "leases more than its pin quota" in w for w in st["warnings"])
         arena = c.arena
         for (_tok, off, length), key in zip([*first, *more], keys, strict=True):
             assert bytes(arena[off : off + length]) == data[key]
