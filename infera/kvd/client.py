@@ -148,6 +148,17 @@ class KvdClient(ArenaIO):
         reply = self.request("LOOKUP", keys=[P.check_key(k) for k in keys], hold_ms=hold_ms)
         return int(reply["count"]), [int(i) for i in reply.get("long", ())]
 
+    def hold(self, keys: Sequence[bytes], hold_ms: int) -> tuple[int, int]:
+        """:meth:`lookup` with a hold of ``hold_ms``: how many keys are present (from the first),
+        and how many of those leading ones the daemon holds for this connection. It may hold
+        fewer: what a connection keeps from eviction is bounded (the daemon's ``--client-quota``).
+        A daemon that predates the bound holds them all."""
+        if not keys:
+            return 0, 0
+        reply = self.request("LOOKUP", keys=[P.check_key(k) for k in keys], hold_ms=hold_ms)
+        count = int(reply["count"])
+        return count, int(reply.get("held", count))
+
     def delete(self, keys: Sequence[bytes]) -> int:
         if not keys:
             return 0

@@ -85,6 +85,10 @@ METRICS: dict[str, tuple[str, str]] = {
     "put_rejected_total": ("counter", "PUTs refused (no room, too large or over quota)"),
     "put_rejected_full_total": ("counter", "PUTs refused because the arena was full even after eviction"),
     "put_rejected_quota_total": ("counter", "PUT keys refused for the writer's pin budget (--client-quota)"),
+    "holds_refused_quota_total": (
+        "counter",
+        "LOOKUP holds not taken because the client's pin budget was spent (--client-quota)",
+    ),
     "put_none_total": ("counter", "PUTs with retention none (not stored)"),
     "put_exists_total": ("counter", "PUTs of chunks already stored"),
     "put_busy_total": ("counter", "PUTs of chunks another writer was storing"),

@@ -179,6 +179,7 @@ class Ops:
         persisted = bool(msg.get("persisted", False)) and self.long is not None
         slots: list[Any] = []
         budget = client.budget
+        budget.expire(store.clock())
         reserved = store.reserve_many(
             self.ikeys(client, keys), lengths, code, overwrite, budget.room, idle=not budget.used
         )
@@ -292,7 +293,8 @@ class Ops:
         if not isinstance(hold, int | float) or hold < 0 or hold > 600_000:
             raise BadRequest("'hold_ms' must be a number between 0 and 600000")
         ikeys = self.ikeys(client, keys)
-        count = store.count_present(ikeys, hold / 1000.0)
+        count, slots = store.present(ikeys)
+        held = self._hold(client, store.index.objs[slots], hold, slots) if hold and count else 0
         on_long_only: list[int] = []  # indices of found keys that only the long tier holds
         if count < len(ikeys) and self.long is not None:
             # the rest may be on the long tier (a RAM miss in the middle continues there); the
@@ -305,8 +307,8 @@ class Ops:
             for chunk in in_ram:
                 if chunk is not None:
                     store.touch(chunk)
-                    if hold:
-                        store.hold(chunk, hold / 1000.0)
+                    if hold and self._hold(client, (chunk,), hold) and held == count:
+                        held += 1  # still a prefix of held chunks
                 elif not next(on_long):
                     break
                 else:
@@ -317,11 +319,30 @@ class Ops:
         c["lookup_keys_total"] += len(keys)
         c["lookup_hit_keys_total"] += count
         reply: dict[str, Any] = {"count": count}
+        if hold:
+            reply["held"] = held
         if on_long_only:
             reply["long"] = on_long_only
         if self.long is not None and self.long.loading:
             reply["loading"] = True
         return reply
+
+    def _hold(self, client: Client, chunks: Any, hold_ms: float, slots: Any = None) -> int:
+        """Hold the leading ``chunks`` (their index ``slots``, when known) for ``hold_ms`` as far
+        as the client's pin budget allows (:mod:`infera.kvd.budget`); how many are held."""
+        store = self.live_store
+        now = store.clock()
+        until = now + hold_ms / 1000.0
+        budget = client.budget
+        n = len(chunks) if budget.limit is None else budget.hold(chunks, until, now)
+        if n < len(chunks):
+            store.c["holds_refused_quota_total"] += len(chunks) - n
+        if slots is not None:
+            store.index.touch_many(slots[:n], until)
+        else:
+            for chunk in chunks[:n]:
+                store.index.hold(chunk, until)
+        return n
 
     def op_delete(self, client: Client, msg: dict[str, Any]) -> Reply:
         store = self.live_store

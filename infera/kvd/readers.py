@@ -60,11 +60,19 @@ class Readers:
     def count_present(self, ikeys: list[bytes], hold_s: float = 0.0) -> int:
         """LOOKUP's hot path: how many of ``ikeys`` are in RAM counting from the first (so a long
         tier can continue the count at that index). Found chunks are touched (and held for
-        ``hold_s``). One vectorized probe of the index's table for all keys
-        (:meth:`FlatIndex.probe`); chunk objects are read only for ephemeral hits (has the TTL
-        passed? then absent, but not dropped here)."""
+        ``hold_s``)."""
+        count, slots = self.present(ikeys)
+        if count and hold_s:
+            self.index.touch_many(slots, self.clock() + hold_s)
+        return count
+
+    def present(self, ikeys: list[bytes]) -> tuple[int, np.ndarray]:
+        """How many of ``ikeys`` are in RAM counting from the first, and their slots in the index's
+        table (:meth:`FlatIndex.touch_many` holds them); the found chunks are touched. One
+        vectorized probe of the table for all keys (:meth:`FlatIndex.probe`); chunk objects are
+        read only for ephemeral hits (has the TTL passed? then absent, but not dropped here)."""
         if not ikeys:
-            return 0
+            return 0, np.empty(0, dtype=np.int64)
         index = self.index
         slot, tag = index.probe(ikeys)
         miss = np.flatnonzero(slot < 0)
@@ -78,5 +86,5 @@ class Readers:
                     count = i
                     break
         if count:
-            index.touch_many(slot[:count], now + hold_s if hold_s else 0.0)
-        return count
+            index.touch_many(slot[:count], 0.0)
+        return count, slot[:count]

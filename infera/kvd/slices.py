@@ -50,6 +50,8 @@ def _lookup(total: dict[str, Any], part: dict[str, Any], base: int, n: int) -> b
         total.setdefault("long", []).extend(base + i for i in part["long"])
     if part.get("loading"):
         total["loading"] = True
+    if "held" in part and total.get("held", 0) == base:  # held is a prefix of the keys too
+        total["held"] = base + part["held"]
     return count == n
 
 

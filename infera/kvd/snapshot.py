@@ -52,6 +52,9 @@ def build_snapshot(server: StatsSource) -> dict[str, Any]:
     snap = server.store.snapshot()
     hello = [c for c in server.clients.values() if c.hello]
     # Oldest first (engines are long-lived); a bounded list keeps every reply under the frame cap.
+    now = server.store.clock()
+    for c in hello:
+        c.budget.expire(now)  # (holds that ended stop counting in pinned_bytes)
     clients = [c.public() for c in hello[:STATS_MAX_CLIENTS]]
     names = sorted({c.namespace for c in hello})
     table = server.store.ns

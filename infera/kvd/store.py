@@ -115,6 +115,7 @@ class Store(EvictionQueues, Readers):
                 "put_rejected_total",
                 "put_rejected_full_total",
                 "put_rejected_quota_total",
+                "holds_refused_quota_total",
                 "put_none_total",
                 "put_exists_total",
                 "put_busy_total",

@@ -1,8 +1,8 @@
 """One client cannot pin the whole arena: the per-connection pin budget (``--client-quota``,
-infera.kvd.budget).
+infera.kvd.budget) over its reservations, leases and LOOKUP holds.
 
 Each daemon test runs a healthy client (tests/hostile.py) beside one that reserves without
-sealing, leases past its quota, or vanishes mid-frame at its quota, and requires it to be
+sealing, holds everything, leases past its quota, or vanishes mid-frame at its quota, and requires it to be
 served correct bytes within the deadline; the Store and PinBudget tests pin the rules themselves.
 """
 
@@ -101,7 +101,7 @@ def test_leases_count_once_are_never_refused_and_stop_the_clients_own_writes(
         for pair in (list(data.items())[i : i + 2] for i in range(0, 6, 2)):
             assert c.put_many(pair) == [True, True]  # sealed: pins nothing any more
         keys = list(data)
-        assert c.lookup(keys, hold_ms=60_000) == 6  # holds are not pins of the budget
+        assert c.lookup(keys) == 6
         assert _client_row(c.stats(), "reader")["pinned_bytes"] == 0
         first = c.lease(keys[:3])
         again = c.lease(keys[:3])  # the same three chunks: still 3 MiB pinned
@@ -148,6 +148,64 @@ def test_a_client_dropped_at_its_quota_gives_everything_back(start_daemon: Calla
     probe.assert_healthy()
 
 
+def _fill_and_hold(d: Daemon, hold_ms: int = 600_000) -> tuple[KvdClient, int, int]:
+    """A client that fills a 16 MiB arena with sealed 4 KiB chunks (sealed: no reservation is
+    left) and holds every one of them: (its client, chunks found, chunks held)."""
+    h = KvdClient(d.socket, namespace="hostile", name="holder")
+    n = (16 << 20) // CHUNK
+    for first in range(0, n, 256):
+        assert all(h.put_many([(b"h%d" % i, b"h" * CHUNK) for i in range(first, first + 256)]))
+    count, held = h.hold([b"h%d" % i for i in range(n)], hold_ms)
+    return h, count, held
+
+
+def test_a_client_holding_everything_holds_only_its_quota(start_daemon: Callable[..., Daemon]) -> None:
+    d = start_daemon("--max-bytes", "16M")
+    h, count, held = _fill_and_hold(d)
+    with h:
+        assert count == (16 << 20) // CHUNK and held == count // 2
+        st = h.stats()
+        assert st["holds_refused_quota_total"] == count - held
+        assert _client_row(st, "holder")["pinned_bytes"] == held * CHUNK
+        with HealthProbe(d.socket) as probe:  # its writes evict the chunks that are not held
+            wait_rounds(probe)
+        probe.assert_healthy()
+        # the held half is all still there
+        assert h.lookup([b"h%d" % i for i in range(held)]) == held
+
+
+def test_without_the_quota_holds_starve_the_others(start_daemon: Callable[..., Daemon]) -> None:
+    """What the quota prevents: with ``--client-quota 100`` the holds take the whole arena."""
+    d = start_daemon("--max-bytes", "16M", "--client-quota", "100")
+    h, count, held = _fill_and_hold(d)
+    with h, KvdClient(d.socket, namespace="healthy") as c:
+        assert held == count
+        with pytest.raises(KvdFull):
+            c.put(b"w", b"x" * (64 << 10))
+
+
+def test_holds_stop_counting_when_they_end_and_a_leased_chunk_costs_nothing_more(
+    start_daemon: Callable[..., Daemon],
+) -> None:
+    d = start_daemon("--max-bytes", "16M", "--client-quota", "25")  # 4 MiB
+    mib = 1 << 20
+    with KvdClient(d.socket, namespace="ns", name="holder") as c:
+        keys = [b"c%d" % i for i in range(6)]
+        for i in range(0, 6, 2):
+            assert c.put_many([(k, bytes([9]) * mib) for k in keys[i : i + 2]]) == [True, True]
+        leases = c.lease(keys[:2])  # 2 MiB leased
+        assert c.hold(keys, 400) == (6, 4)  # the leased two cost nothing more: 4 held
+        assert _client_row(c.stats(), "holder")["pinned_bytes"] == 4 * mib
+        with pytest.raises(KvdQuota):
+            c.put(b"new", b"n" * mib)
+        wait_until(lambda: _client_row(c.stats(), "holder")["pinned_bytes"] == 2 * mib, 5, "holds ended")
+        assert c.put(b"new", b"n" * mib)
+        c.release([x[0] for x in leases])
+        assert c.hold(keys, 60_000) == (6, 4)  # renewed: the same four
+        assert c.hold(keys, 60_000) == (6, 4)
+        assert _client_row(c.stats(), "holder")["pinned_bytes"] == 4 * mib
+
+
 # -- Store and PinBudget ------------------------------------------------------------------------
 
 
@@ -192,14 +250,37 @@ def test_pin_budget_counts_each_leased_chunk_once() -> None:
     assert budget.used == 200
     budget.release(a)
     budget.release(b)
-    assert budget.used == 0 and not budget.leased
+    assert budget.used == 0 and not budget.refs
     r = Chunk(b"r", 8192, 150, SHORT)
     budget.reserved(r)
     assert budget.room == 0
     budget.unreserved(r)
     budget.lease(a)
     budget.clear()
-    assert budget.used == 0 and not budget.leased
+    assert budget.used == 0 and not budget.refs
     unlimited = PinBudget(None)  # --client-quota 100
     unlimited.lease(a)
     assert unlimited.room is None and not unlimited.over
+
+
+def test_pin_budget_holds_a_prefix_renews_cheaply_and_expires() -> None:
+    a, b, c, d = (Chunk(bytes([i]), 4096 * i, 100, SHORT) for i in range(4))
+    budget = PinBudget(300)
+    budget.lease(d)
+    assert budget.hold([a, b, d, c], until=10.0, now=0.0) == 3  # d is leased already: free
+    assert budget.used == 300 and c not in budget.held
+    entries = len(budget.expiry)
+    assert budget.hold([a, b], until=10.5, now=1.0) == 2  # within the slack: nothing written down
+    assert len(budget.expiry) == entries and budget.held[a] == 10.0
+    assert budget.hold([a], until=20.0, now=2.0) == 1  # moved on: written down again
+    budget.expire(10.0)  # b's and d's holds end; a's was renewed, d stays leased
+    assert set(budget.held) == {a} and budget.used == 200
+    budget.release(d)
+    assert budget.used == 100
+    budget.expire(20.0)
+    assert budget.used == 0 and not budget.refs and not budget.held
+    # the same holds renewed many times leave a bounded list of ends
+    for t in range(5000):
+        budget.hold([a, b], until=30.0 + 2 * t, now=0.0)
+    assert len(budget.expiry) <= 2 * len(budget.held) + 1024
+    assert PinBudget(None).hold([a, b, c], until=1.0, now=0.0) == 3  # no limit

@@ -109,8 +109,9 @@ def test_the_connector_supports_vllms_hybrid_manager() -> None:
 class FakeClient:
     long_tier = None
 
-    def __init__(self, present: set[bytes]) -> None:
+    def __init__(self, present: set[bytes], holds: int | None = None) -> None:
         self.present = present
+        self.holds = holds  # how many keys the daemon holds at most (its --client-quota)
         self.calls: list[str] = []
 
     def lookup(self, keys: list[bytes], hold_ms: int = 0) -> int:
@@ -119,6 +120,11 @@ class FakeClient:
 
     def lookup_tiers(self, keys: list[bytes], hold_ms: int = 0) -> tuple[int, list[int]]:
         return self.lookup(keys, hold_ms), []
+
+    def hold(self, keys: list[bytes], hold_ms: int) -> tuple[int, int]:
+        self.calls.append(f"hold:{len(keys)}")
+        count = next((i for i, k in enumerate(keys) if k not in self.present), len(keys))
+        return count, min(count, len(keys) if self.holds is None else self.holds)
 
     def lease(self, keys: list[bytes], ram_only: bool = False) -> list[Any]:
         self.calls.append(f"lease:{len(keys)}")
@@ -234,9 +240,20 @@ def test_before_vllm_030_lookups_make_sure_every_chunk_is_in_ram() -> None:
     keys, _ = G.plan_keys(PLAN, ns.digest, [bytes([i]) * 32 for i in (7, 15)], 1)
     half, client = scheduler(set(keys), failure=FAIL_NONE)
     assert half.matched_tokens(request(300), 0) == (256, False)  # synchronous: no per-request failure
-    assert client.calls == ["lookup:4", "lease:4", "release:4", "lookup:4"]
+    assert client.calls == ["lookup:4", "lease:4", "release:4", "hold:4"]
     half.load_failed(["r1"])
     assert half.matched_tokens(request(300), 0) == (0, False)
+
+
+def test_before_vllm_030_a_lookup_offers_only_what_the_daemon_holds() -> None:
+    """The daemon holds no more than the connection's --client-quota: a chunk it does not hold
+    could go before the load, which this vLLM cannot take back, so it is not offered."""
+    ns = make_namespace(FACTS, CT)
+    keys, _ = G.plan_keys(PLAN, ns.digest, [bytes([i]) * 32 for i in (7, 15)], 1)
+    half, client = scheduler(set(keys), failure=FAIL_NONE)
+    client.holds = 3  # of the 4 keys (2 chunks x 2 groups): the first chunk is held whole
+    assert half.matched_tokens(request(300), 0) == (128, False)
+    assert half.counters["verify_unheld_chunks"] == 1
 
 
 def test_a_load_that_cannot_be_planned_fails_the_request_not_blocks() -> None:

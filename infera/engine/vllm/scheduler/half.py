@@ -118,6 +118,7 @@ class SchedulerHalf:
                 "async_loads",
                 "load_plan_failures",
                 "verify_lost_chunks",
+                "verify_unheld_chunks",
                 *(f"hit_tokens_{t}" for t in TIERS),
             ),
             0,
@@ -363,7 +364,13 @@ class SchedulerHalf:
         if ok < found:
             self.counters["verify_lost_chunks"] += found - ok
         if ok:
-            c.lookup(keys[: sum(per_chunk[:ok])], hold_ms=hold_ms)
+            # held: the daemon may hold fewer than asked (its --client-quota); what it does not
+            # hold could be evicted before the load, which this vLLM could not take back
+            _, held = c.hold(keys[: sum(per_chunk[:ok])], hold_ms)
+            kept = groups.whole_chunks(held, per_chunk)
+            if kept < ok:
+                self.counters["verify_unheld_chunks"] += ok - kept
+                ok = kept
         return ok, {i for i in long_chunks if i < ok}
 
     def _plan_saves(self, req_id: str, st: _Req, computed_tokens: int, meta: InferaKvdMetadata) -> None:
