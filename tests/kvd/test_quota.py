@@ -27,6 +27,7 @@ from infera.kvd.store import Store
 SHORT, LONG = RETENTION_CODE["short"], RETENTION_CODE["long"]
 ARENA = 64 << 20
 CHUNK = 4096
+ROUNDS = 200  # healthy rounds each test waits for beside the hostile client (a p99 over them)
 
 
 def _stats(s: socket.socket, rid: int) -> dict:
@@ -63,7 +64,7 @@ def test_a_client_reserving_the_whole_arena_stops_at_its_quota(start_daemon: Cal
             items = [(b"w%d" % i, bytes([i]) * (1 << 20)) for i in range(8)]
             assert c.put_many(items) == [True] * 8
             assert c.get_many([k for k, _ in items]) == [v for _, v in items]
-        wait_rounds(probe)
+        wait_rounds(probe, ROUNDS, timeout=30)
         st = _stats(s, 3)
         assert st["put_rejected_quota_total"] == len(slots) - len(granted)
         row = _client_row(st, "hostile")
@@ -96,8 +97,8 @@ def test_leases_count_once_are_never_refused_and_stop_the_clients_own_writes(
 ) -> None:
     d = start_daemon("--max-bytes", "16M", "--client-quota", "25")  # 4 MiB a connection
     mib = 1 << 20
+    data = {b"c%d" % i: bytes([i + 1]) * mib for i in range(6)}
     with HealthProbe(d.socket) as probe, KvdClient(d.socket, namespace="ns", name="reader") as c:
-        data = {b"c%d" % i: bytes([i + 1]) * mib for i in range(6)}
         for pair in (list(data.items())[i : i + 2] for i in range(0, 6, 2)):
             assert c.put_many(pair) == [True, True]  # sealed: pins nothing any more
         keys = list(data)
@@ -126,7 +127,7 @@ def test_leases_count_once_are_never_refused_and_stop_the_clients_own_writes(
         assert _client_row(c.stats(), "reader")["pinned_bytes"] == 0
         assert c.put_many([(b"n2", b"y" * mib), (b"n3", b"z" * mib)]) == [True, True]
         assert c.get_many([b"n1", b"n2", b"n3"]) == [b"y" * mib, b"y" * mib, b"z" * mib]
-        wait_rounds(probe)
+        wait_rounds(probe, ROUNDS, timeout=30)
     probe.assert_healthy()
     assert "over its pin budget" in d.log() and "reached its pin budget" in d.log()
 
@@ -140,12 +141,12 @@ def test_a_client_dropped_at_its_quota_gives_everything_back(start_daemon: Calla
             assert "quota" in _reserve_everything(s)
             s.sendall(frame({"op": "PUT", "id": 9, "keys": [b"x"], "lengths": [CHUNK]})[:7])
             s.close()
-        with KvdClient(d.socket, namespace="healthy") as c:
-            wait_rounds(probe)
-            wait_until(lambda: c.stats()["arena_bytes_used"] < ARENA // 4, 10, "the reservations given back")
-            items = [(b"w%d" % i, bytes([i]) * (1 << 20)) for i in range(24)]
-            assert c.put_many(items) == [True] * 24  # more than half the arena: all given back
+        wait_rounds(probe, ROUNDS, timeout=30)
     probe.assert_healthy()
+    with KvdClient(d.socket, namespace="healthy") as c:
+        wait_until(lambda: c.stats()["arena_bytes_used"] < ARENA // 4, 10, "the reservations given back")
+        items = [(b"w%d" % i, bytes([i]) * (1 << 20)) for i in range(24)]
+        assert c.put_many(items) == [True] * 24  # more than half the arena: all given back
 
 
 def _fill_and_hold(d: Daemon, hold_ms: int = 600_000) -> tuple[KvdClient, int, int]:
@@ -168,7 +169,7 @@ def test_a_client_holding_everything_holds_only_its_quota(start_daemon: Callable
         assert st["holds_refused_quota_total"] == count - held
         assert _client_row(st, "holder")["pinned_bytes"] == held * CHUNK
         with HealthProbe(d.socket) as probe:  # its writes evict the chunks that are not held
-            wait_rounds(probe)
+            wait_rounds(probe, ROUNDS, timeout=30)
         probe.assert_healthy()
         # the held half is all still there
         assert h.lookup([b"h%d" % i for i in range(held)]) == held
