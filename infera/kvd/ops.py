@@ -268,8 +268,11 @@ class Ops:
         c["gets_total"] += len(keys) - direct
         c["hits_total"] += hits
         c["misses_total"] += misses
-        if client.budget.over and not client.budget.over_warned:
-            client.budget.warn_over(self._who(client))
+        budget = client.budget
+        if budget.over and not budget.over_warned:
+            budget.expire(store.clock())  # (ended holds first: only leases can pass the limit)
+            if budget.over:
+                budget.warn_over(self._who(client))
         if direct:
             c["gets_direct_total"] = c.get("gets_direct_total", 0) + direct
         if long is not None and misses:
