@@ -58,7 +58,7 @@ class KvdFull(KvdClientError):
 
 class KvdQuota(KvdFull):
     """This connection already pins its share of the arena (the daemon's ``--client-quota``):
-    release leases or seal reservations first. Other clients can still write."""
+    release leases, seal reservations or let holds end first. Other clients can still write."""
 
 
 class KvdUnsupported(KvdProtocolError):
@@ -172,7 +172,8 @@ def error_of(reply: dict[str, Any]) -> KvdClientError:
         return KvdRefused(message, hint="start the daemon with --allow-uid for this user")
     if code == "quota":
         return KvdQuota(
-            message, hint="release leases or seal reservations, or raise the daemon's --client-quota"
+            message,
+            hint="release leases, seal reservations or let holds end; or raise the daemon's --client-quota",
         )
     if code in ("full", "too_large"):
         return KvdFull(message, hint="raise the daemon's --max-bytes, or release leases")

@@ -157,8 +157,9 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "--client-quota",
-        "The most of the arena one connection may pin at once with its leases and unsealed "
-        "reservations, in percent (1-100; 100: no limit). Past it its keys are refused, not the others'.",
+        "The most of the arena one connection may pin at once with its leases, LOOKUP holds and "
+        "unsealed reservations, in percent (1-100; 100: no limit). Past it its writes and holds are "
+        "refused, not the others'.",
         percent,
         "50",
         metavar="PERCENT",
