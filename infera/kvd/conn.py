@@ -55,13 +55,18 @@ class Client:
         self.ns_used = False  # a request of this connection may have left state under ns_id
         self.leases: dict[int, Chunk] = {}
         self.reservations: dict[int, Chunk] = {}
-        self.budget = PinBudget(quota)  # what its leases and reservations may pin (--client-quota)
+        self.budget = PinBudget(quota)  # what its reservations, leases and holds may pin (--client-quota)
         self.next_token = 1
         self.connected_at = time.time()
         self.requests = 0
         self.report: dict[str, Any] = {}
         self.closed = False
         self.arena_mapped = False
+
+    @property
+    def label(self) -> str:
+        """How the log names it: ``client 3 (vllm-worker, pid 4242)``."""
+        return f"client {self.id} ({self.info.get('name', '?')}, pid {self.info.get('pid', self.peer_pid)})"
 
     def public(self) -> dict[str, Any]:
         info = self.info

@@ -187,7 +187,7 @@ class Ops:
             if res.chunk is None:
                 slots.append(res.error)
                 if res.error == "quota":
-                    budget.refuse(self._who(client))
+                    budget.refuse(client.label)
                 continue
             if persisted:
                 res.chunk.on_long = True
@@ -197,10 +197,6 @@ class Ops:
             client.reservations[token] = res.chunk
             slots.append([token, res.chunk.offset])
         return {"slots": slots}
-
-    @staticmethod
-    def _who(client: Client) -> str:
-        return f"client {client.id} ({client.info.get('name', '?')}, pid {client.info.get('pid', client.peer_pid)})"
 
     def op_seal(self, client: Client, msg: dict[str, Any]) -> Reply:
         store = self.live_store
@@ -272,7 +268,7 @@ class Ops:
         if budget.over and not budget.over_warned:
             budget.expire(store.clock())  # (ended holds first: only leases can pass the limit)
             if budget.over:
-                budget.warn_over(self._who(client))
+                budget.warn_over(client.label)
         if direct:
             c["gets_direct_total"] = c.get("gets_direct_total", 0) + direct
         if long is not None and misses:
@@ -368,10 +364,8 @@ class Ops:
         clean = report_fields(msg.get("report"))
         if clean["fallback"] and not client.report.get("fallback"):
             log.warning(
-                "client %d (%s, pid %s) fell back to %s: %s",
-                client.id,
-                client.info.get("name", "?"),
-                client.info.get("pid", client.peer_pid),
+                "%s fell back to %s: %s",
+                client.label,
                 clean.get("data_path", "?"),
                 clean.get("fallback_reason", "no reason given"),
             )
