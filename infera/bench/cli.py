@@ -207,6 +207,12 @@ def gpu_e2e(
         "--layerwise/--no-layerwise",
         help="INFERA_KVD_LOAD_LAYERWISE of the kvd engines: load each layer's KV just before it runs.",
     ),
+    cuda_graphs: bool = typer.Option(
+        False,
+        "--cuda-graphs/--enforce-eager",
+        help="Every engine with vLLM's default CUDA graphs and torch.compile (slower starts) "
+        "instead of enforce_eager.",
+    ),
 ) -> None:
     """TTFT on a GPU with vLLM: recompute, vLLM native CPU hit, kvd RAM/cross-engine/disk hits, GPU hit."""
 

@@ -236,6 +236,7 @@ def run_gpu_e2e(
     partial: str = "1024,4096",
     load_policy: str = loadreport.DEFAULT_POLICY,
     layerwise: bool = False,
+    cuda_graphs: bool = False,
 ) -> dict[str, Any]:
     python = python or sys.executable
     if load_policy not in loadreport.POLICIES:
@@ -257,6 +258,7 @@ def run_gpu_e2e(
             "partial": extras,
             "load_policy": load_policy,
             "layerwise": layerwise,
+            "cuda_graphs": cuda_graphs,
         }
         return _run(
             python,
@@ -338,6 +340,7 @@ def _run(
         "native_cpu_bytes": int(native_cpu_gb * 1e9),
         "gpu_memory_utilization": None if small else 0.3,
         "kv_cache_bytes": (256 << 20) if small else None,
+        "cuda_graphs": bool(opts.get("cuda_graphs")),
     }
     spec_path = workdir / "spec.json"
     spec_path.write_text(json.dumps(spec))
@@ -377,6 +380,7 @@ def _run(
     timing = next(m["name"] for m in models if m["name"].startswith(("Llama", "small Llama")))
     summary["load_policy"] = policy
     summary["layerwise"] = bool(opts.get("layerwise"))
+    summary["cuda_graphs"] = spec["cuda_graphs"]
     summary["partial"] = report.partial_rows(records, policy)
     summary["sweep"] = report.sweep_table(summary, timing) if opts.get("sweep") else []
     summary["plot"] = (
@@ -397,7 +401,8 @@ def _run(
         print(json.dumps(summary, indent=2))
     else:
         print(
-            f"kvd engines: load policy {policy}, layer-wise loads {'on' if summary['layerwise'] else 'off'}"
+            f"kvd engines: load policy {policy}, layer-wise loads {'on' if summary['layerwise'] else 'off'}; "
+            f"{'CUDA graphs' if spec['cuda_graphs'] else 'enforce_eager'}"
         )
         print(report.render_rows(summary))
         print(report.render(summary["partial"], summary["sweep"], summary["plot"]))

@@ -36,6 +36,7 @@ import os
 import random
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 ROLES = ("native", "kvd-a", "kvd-b")
@@ -61,7 +62,7 @@ class Engine:
         kw: dict[str, Any] = dict(
             model=model["path"],
             skip_tokenizer_init=True,
-            enforce_eager=True,
+            enforce_eager=not spec.get("cuda_graphs"),
             enable_prefix_caching=True,
             seed=0,
             max_model_len=model["max_model_len"],
@@ -95,6 +96,7 @@ class Engine:
         self.start_s = time.perf_counter() - started
         vc = self.llm.llm_engine.vllm_config
         hma = not bool(getattr(vc.scheduler_config, "disable_hybrid_kv_cache_manager", False))
+        graphs = getattr(vc.compilation_config, "cudagraph_mode", None)
         policy = os.environ.get("INFERA_KVD_LOAD_POLICY", "auto") if role != "native" else None
         emit(
             "INFO",
@@ -103,6 +105,7 @@ class Engine:
             engine_start_s=round(self.start_s, 1),
             hma=hma,
             load_policy=policy,
+            cudagraph_mode=getattr(graphs, "name", str(graphs)),
         )
 
     def gen(self, ids: list[int], retention: str | None = None) -> dict[str, Any]:
@@ -119,11 +122,17 @@ class Engine:
         t = time.perf_counter()
         out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
         ms = (time.perf_counter() - t) * 1000
-        return {
+        r: dict[str, Any] = {
             "ms": ms,
             "tokens": list(out.outputs[0].token_ids),
             "cached": int(out.num_cached_tokens or 0),
         }
+        m = getattr(out, "metrics", None)  # the engine core's clock: queued, scheduled, first token
+        first, sched = (getattr(m, "first_token_ts", None), getattr(m, "scheduled_ts", None))
+        if first and sched:
+            r["queue_ms"] = round((sched - getattr(m, "queued_ts", sched)) * 1000, 2)
+            r["step_ms"] = round((first - sched) * 1000, 2)
+        return r
 
     def reset(self) -> None:
         if not self.llm.reset_prefix_cache():
@@ -203,6 +212,38 @@ def scheduler_counters(model_path: str) -> dict[str, float]:
     return worker_counters(model_path, "vllm-scheduler")
 
 
+LOAD_COUNTERS = ("load_dma_us", "load_dma_bytes", "load_us", "load_chunks", "load_direct_bytes")
+
+
+def thread_cpu() -> dict[tuple[int, int], tuple[str, float]]:
+    """CPU seconds of every thread of this process's children (the engine core and its
+    workers), by (pid, tid), with the thread's name: what else ran while a request was timed."""
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    got: dict[tuple[int, int], tuple[str, float]] = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            for t in p.threads():
+                try:
+                    name = Path(f"/proc/{p.pid}/task/{t.id}/comm").read_text().strip()
+                except OSError:
+                    name = "?"
+                got[(p.pid, t.id)] = (name, t.user_time + t.system_time)
+        except psutil.Error:
+            continue
+    return got
+
+
+def busiest(
+    before: dict[tuple[int, int], tuple[str, float]], after: dict[tuple[int, int], tuple[str, float]]
+) -> list:
+    """The three threads that used the most CPU between two snapshots: [name, ms]."""
+    used = [(name, (s - before.get(k, (name, 0.0))[1]) * 1000) for k, (name, s) in after.items()]
+    return [[n, round(ms, 1)] for n, ms in sorted(used, key=lambda x: -x[1])[:3]]
+
+
 SKIPPED = tuple(f"load_skipped_slower_tokens_{t}" for t in ("ram", "disk", "distributed"))
 
 
@@ -213,11 +254,13 @@ def timed_hit(e: Engine, ids: list[int], retention: str | None = None) -> dict[s
     before = worker_counters(e.model["path"]) if kvd else {}
     sched = scheduler_counters(e.model["path"]) if kvd else {}
     e.reset()
+    cpu = thread_cpu()
     r = e.gen(ids, retention)
+    r["busy_threads"] = busiest(cpu, thread_cpu())
     if kvd:
         e.poke()
         after = worker_counters(e.model["path"])
-        for k in ("load_dma_us", "load_dma_bytes", "load_us", "load_chunks", "load_direct_bytes"):
+        for k in (*LOAD_COUNTERS, "load_layerwise_waits", "load_layerwise_late_layers"):
             r[k] = after.get(k, 0) - before.get(k, 0)
         now = scheduler_counters(e.model["path"])
         for k in (*SKIPPED, "prewarm_chunks", "load_skipped_policy_tokens"):

@@ -89,3 +89,32 @@ def test_a_failed_copy_becomes_load_errors() -> None:
     lw.started(lambda: released.append(1))
     lw.finish()
     assert failed == [[1, 2]] and released == [1] and not lw.active
+
+
+@pytest.mark.parametrize(("value", "piecewise"), [(None, False), ("0", False), ("1", True), ("maybe", True)])
+def test_layerwise_loads_keep_vllms_cuda_graphs_piecewise(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, piecewise: bool
+) -> None:
+    """vLLM asks the connector class, through its own factory and before any engine exists,
+    whether full CUDA graphs are safe: a full graph's replay never calls wait_for_layer_load, so
+    with layer-wise loads every layer would be late (and recomputed). A value the connector will
+    refuse answers yes, the safe side."""
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+    from infera.engine.vllm.kvd_connector import InferaKvdConnector
+
+    assert hasattr(KVConnectorBase_V1, "requires_piecewise_for_cudagraph"), "vLLM's hook moved"
+    if value is None:
+        monkeypatch.delenv("INFERA_KVD_LOAD_LAYERWISE", raising=False)
+    else:
+        monkeypatch.setenv("INFERA_KVD_LOAD_LAYERWISE", value)
+    ktc = KVTransferConfig(
+        kv_connector="InferaKvdConnector",
+        kv_role="kv_both",
+        kv_connector_module_path="infera.engine.vllm.kvd_connector",
+    )
+    cls = KVConnectorFactory.get_connector_class(ktc)
+    assert cls is InferaKvdConnector
+    assert cls.requires_piecewise_for_cudagraph(ktc.kv_connector_extra_config) is piecewise

@@ -158,6 +158,17 @@ def read_env(environ: dict[str, str] | None = None) -> ConnectorEnv:
     )
 
 
+def layerwise_requested(environ: dict[str, str] | None = None) -> bool:
+    """Whether ``INFERA_KVD_LOAD_LAYERWISE`` asks for layer-wise loads, for vLLM's config check
+    (before the connector exists). A value the connector will refuse counts as yes: the safe
+    answer keeps the CUDA graphs piecewise until the connector's own error stops the engine."""
+    env = os.environ if environ is None else environ
+    try:
+        return parse_flag(LAYERWISE_ENV, env.get(LAYERWISE_ENV), False)
+    except UsageError:
+        return True
+
+
 class _WarnOnce:
     """Warn once per distinct unknown retention value, in bounded memory and bounded log.
 

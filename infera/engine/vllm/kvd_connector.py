@@ -29,7 +29,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from infera.engine.vllm import compat, events, stats
-from infera.engine.vllm.config import read_env
+from infera.engine.vllm.config import layerwise_requested, read_env
 from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import InferaKvdMetadata
 from infera.engine.vllm.scheduler.loadcost import DEFAULT_GBPS, DEFAULT_PREFILL_TPS, CostModel
@@ -208,6 +208,12 @@ class InferaKvdConnector(KVConnectorBase_V1, SupportsHMA):
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: Any) -> str | None:
         return None
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """Layer-wise loads need vLLM to call ``wait_for_layer_load``, which a full CUDA graph's
+        replay skips: with them on, vLLM keeps attention out of its graphs (PIECEWISE)."""
+        return layerwise_requested()
 
     @property
     def supports_divergent_local_hybrid_hits(self) -> bool:
