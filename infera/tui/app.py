@@ -39,7 +39,7 @@ HELP = """\
 
 [b]q[/b]   quit
 [b]p[/b]   pause / resume refreshing (the daemon is not polled while paused)
-[b]s[/b]   cycle the client-table sort: pid, name, role, namespace, data path, requests
+[b]s[/b]   cycle the client-table sort: pid, name, role, namespace, data path, requests, pinned
 [b]?[/b]   this help (escape closes it)
 arrows / page keys scroll the client table
 
@@ -49,7 +49,8 @@ arrows / page keys scroll the client table
 [b]capacity[/b]   fill of the RAM arena and the long tier
 [b]health[/b]     evictions, expiries, refused puts; corrupt chunks, failed and dropped writes
 [b]long tier[/b]  backend (L3 disk, L4 mooncake / lmcache), its state and what it reports
-[b]clients[/b]    every process connected; yellow rows fell back to a slower data path
+[b]clients[/b]    every process connected; yellow rows fell back to a slower data path;
+           [i]pinned[/i]: bytes kept from eviction, % of its pin quota (! if it refused PUTs)
 [b]warnings[/b]   what the daemon flags (e.g. engines of one model that hash differently)
 """
 

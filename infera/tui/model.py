@@ -109,6 +109,7 @@ SORTS: dict[str, Any] = {
     "namespace": lambda c: (str(c.get("namespace") or ""), _int(c.get("pid"))),
     "data path": lambda c: (not c.get("fallback"), str(c.get("data_path") or ""), _int(c.get("pid"))),
     "requests": lambda c: (-_int(c.get("requests")), _int(c.get("pid"))),
+    "pinned": lambda c: (-_int(c.get("pinned_bytes")), _int(c.get("pid")), _int(c.get("id"))),
 }
 SORT_ORDER = tuple(SORTS)
 
@@ -141,6 +142,17 @@ def fill(used: Any, capacity: Any) -> float | None:
     if c <= 0:
         return None
     return min(1.0, max(0.0, u / c))
+
+
+def pin_state(client: Mapping[str, Any]) -> tuple[int, float | None, int] | None:
+    """``(pinned bytes, share of its quota, PUT keys refused for it)`` of one client row: what the
+    connection keeps from eviction under ``--client-quota``. The share is not clamped (leases can
+    pass the quota) and is None without a quota; the whole is None from a daemon that predates pin
+    budgets (no ``pinned_bytes`` field)."""
+    if "pinned_bytes" not in client:
+        return None
+    pinned, quota = _int(client.get("pinned_bytes")), _int(client.get("quota_bytes"))
+    return pinned, (pinned / quota if quota > 0 else None), _int(client.get("quota_refused"))
 
 
 def format_count(value: Any) -> str:
@@ -183,6 +195,7 @@ __all__ = [
     "format_duration",
     "format_rate",
     "next_sort",
+    "pin_state",
     "ratio",
     "sort_clients",
 ]

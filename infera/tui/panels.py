@@ -14,7 +14,7 @@ from typing import Any
 from rich.text import Text
 
 from infera import loadreport
-from infera.tui.model import Sample, fill, format_count, format_duration, ratio, sort_clients
+from infera.tui.model import Sample, fill, format_count, format_duration, pin_state, ratio, sort_clients
 from infera.units import format_size
 
 L4_BACKENDS = ("mooncake", "lmcache")
@@ -56,10 +56,12 @@ CLIENT_COLUMNS = (
     "data path",
     "requests",
     "leases",
+    "pinned",
     "up",
     "fallback reason",
 )
-RIGHT_ALIGNED = {CLIENT_COLUMNS.index(c) for c in ("pid", "requests", "leases", "up")}
+RIGHT_ALIGNED = {CLIENT_COLUMNS.index(c) for c in ("pid", "requests", "leases", "pinned", "up")}
+QUOTA_MARK = " !"  # after a pinned cell: some of the client's PUT keys were refused for its pin quota
 _EIGHTHS = " ▏▎▍▌▋▊▉"
 
 
@@ -307,6 +309,19 @@ def long_table(stats: Mapping[str, Any]) -> Text:
     return out
 
 
+def pinned_cell(client: Mapping[str, Any]) -> str:
+    """What the client keeps from eviction, with its share of its pin quota when it has one
+    (``1.5 GiB 38%``), marked when the quota refused some of its PUT keys; ``-`` from an older daemon."""
+    state = pin_state(client)
+    if state is None:
+        return "-"
+    pinned, share, refused = state
+    text = format_size(pinned)
+    if share is not None:
+        text += f" {share:.0%}"
+    return text + QUOTA_MARK if refused > 0 else text
+
+
 def client_cells(client: Mapping[str, Any]) -> list[str]:
     """One row of the client table. A fallback row's last cell says why it fell back (last, so a
     long reason never pushes the other columns off screen)."""
@@ -325,6 +340,7 @@ def client_cells(client: Mapping[str, Any]) -> list[str]:
         path,
         format_count(client.get("requests", 0)),
         format_count(client.get("leases", 0)),
+        pinned_cell(client),
         format_duration(client.get("connected_s", 0)),
         reason,
     ]
@@ -340,7 +356,8 @@ def client_rows(stats: Mapping[str, Any], sort: str) -> list[tuple[str, list[str
 
 
 def warning_lines(stats: Mapping[str, Any]) -> list[str]:
-    """The daemon's own warnings, then one line per client that fell back to a slower path."""
+    """The daemon's own warnings (which name a client whose PUT keys its pin quota refused), then
+    one line per client that fell back to a slower path."""
     out = [str(w) for w in _list(stats.get("warnings"))]
     for c in _list(stats.get("clients")):
         if isinstance(c, Mapping) and c.get("fallback"):
@@ -382,6 +399,7 @@ __all__ = [
     "client_rows",
     "health_table",
     "long_table",
+    "pinned_cell",
     "status_line",
     "warning_lines",
     "warnings_text",

@@ -158,6 +158,7 @@ def test_sort_key_cycles_the_client_table(daemon) -> None:  # type: ignore[no-un
                 "namespace": ["charlie", "bravo", "alpha"],
                 "data path": None,
                 "requests": ["bravo", "alpha", "charlie"],
+                "pinned": ["charlie", "alpha", "bravo"],  # none pins anything: then pid (one here), id
                 "pid": ["charlie", "alpha", "bravo"],
             }
             for key, order in expected.items():

@@ -149,6 +149,65 @@ def test_fallback_rows_are_flagged_and_say_why() -> None:
     assert rows[str(normal["id"])][1] is False
 
 
+PINNED = panels.CLIENT_COLUMNS.index("pinned")
+GIB = 1 << 30
+
+
+def _client(**fields: object) -> dict:
+    return {"id": 1, "pid": 7, "name": "eng", **fields}
+
+
+def test_pinned_cell_shows_bytes_and_the_share_of_the_quota() -> None:
+    cells = panels.client_cells(_client(pinned_bytes=3 * GIB // 2, quota_bytes=4 * GIB, quota_refused=0))
+    assert cells[PINNED] == "1.5 GiB 38%"
+    assert panels.client_cells(_client(pinned_bytes=0, quota_bytes=GIB))[PINNED] == "0 B 0%"
+    # leases are never refused, so a share past 100 % is shown as it is (a lease leak)
+    assert panels.pinned_cell(_client(pinned_bytes=3 * GIB, quota_bytes=2 * GIB)) == "3.0 GiB 150%"
+
+
+def test_pinned_cell_without_a_quota_shows_only_bytes() -> None:
+    # the daemon sends quota_bytes null under --client-quota 100; 0 or odd types read the same
+    for quota in (None, 0, "x"):
+        assert panels.pinned_cell(_client(pinned_bytes=5 << 20, quota_bytes=quota)) == "5.0 MiB"
+    assert panels.pinned_cell(_client(pinned_bytes=5 << 20)) == "5.0 MiB"
+
+
+def test_pinned_cell_is_a_dash_from_a_daemon_without_pin_budgets() -> None:
+    assert panels.client_cells(_client(requests=3, leases=1))[PINNED] == "-"
+    assert PINNED in panels.RIGHT_ALIGNED
+    rows = {key: cells for key, cells, _flagged in panels.client_rows(RECORDED, "pid")}
+    assert rows["4"][PINNED] == "-"  # vllm-engine-2 in the recording has no pin fields
+    assert rows["2"][PINNED] == "1.5 MiB 24%"
+
+
+def test_refused_pin_quota_marks_the_cell_and_the_daemon_says_why() -> None:
+    c = _client(pinned_bytes=GIB, quota_bytes=GIB, quota_refused=12)
+    assert panels.pinned_cell(c) == "1.0 GiB 100% !"
+    calm = _client(pinned_bytes=GIB, quota_bytes=GIB, quota_refused=0)
+    assert not panels.pinned_cell(calm).endswith("!")
+    # the why is the daemon's own warning (one place), shown once
+    lines = panels.warning_lines(RECORDED)
+    assert sum("pin quota" in line for line in lines) == 1
+    assert any(line.startswith("client vllm-engine-1 (pid 4102) had 12 PUT keys") for line in lines)
+    rows = {key: cells for key, cells, _flagged in panels.client_rows(RECORDED, "pid")}
+    assert rows["3"][PINNED].endswith(" !")
+
+
+def test_pinned_sort_puts_the_largest_first_and_missing_fields_last() -> None:
+    clients = [
+        _client(id=1, pid=30, pinned_bytes=2 << 20),
+        _client(id=2, pid=10),  # an older daemon: no field, sorts as 0
+        _client(id=3, pid=20, pinned_bytes=9 << 20),
+        _client(id=4, pid=5, pinned_bytes=0),
+    ]
+    assert [c["id"] for c in sort_clients(clients, "pinned")] == [3, 1, 4, 2]
+    assert SORT_ORDER.index("pinned") == SORT_ORDER.index("requests") + 1
+    assert [c["name"] for c in sort_clients(RECORDED["clients"], "pinned")][:2] == [
+        "vllm-engine-1",
+        "vllm-engine-0",
+    ]
+
+
 JSONISH = st.recursive(
     st.none()
     | st.booleans()
@@ -186,7 +245,13 @@ FIELDS = [
     st.dictionaries(st.sampled_from(FIELDS), JSONISH, max_size=8),
     st.dictionaries(st.sampled_from(["backend", "state", "chunks", "capacity", "bytes_used", "x"]), JSONISH),
     st.lists(
-        st.dictionaries(st.sampled_from(["pid", "name", "fallback", "requests", "id"]), JSONISH), max_size=3
+        st.dictionaries(
+            st.sampled_from(
+                ["pid", "name", "fallback", "requests", "id", "pinned_bytes", "quota_bytes", "quota_refused"]
+            ),
+            JSONISH,
+        ),
+        max_size=3,
     ),
 )
 def test_panels_never_raise_on_odd_replies(top: dict, long: dict, clients: list) -> None:

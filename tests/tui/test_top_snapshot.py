@@ -3,8 +3,11 @@
 ``data/stats.json`` is a STATS reply recorded from a real daemon with four clients (two engines of
 one model that hash differently, one that fell back to POSIX I/O, and kvd-top itself). Its pids,
 socket and uptimes were then fixed to stable values, and a ``tiers.long`` section for a degraded
-Mooncake tier was written by hand (no L4 backend runs in this test), so the screenshot never changes
-unless the rendering does. Update with ``pytest tests/tui --snapshot-update`` after a deliberate change.
+Mooncake tier was written by hand (no L4 backend runs in this test). So were the pin-budget fields
+(``pinned_bytes``, ``quota_bytes``, ``quota_refused``, as under ``--client-quota 10``, with the
+daemon's warning for vllm-engine-1's 12 refused PUT keys) on every client but vllm-engine-2, whose
+row shows a daemon from before pin budgets. The screenshot never changes unless the rendering does.
+Update with ``pytest tests/tui --snapshot-update`` after a deliberate change.
 """
 
 from __future__ import annotations
