@@ -212,7 +212,14 @@ def scheduler_counters(model_path: str) -> dict[str, float]:
     return worker_counters(model_path, "vllm-scheduler")
 
 
-LOAD_COUNTERS = ("load_dma_us", "load_dma_bytes", "load_us", "load_chunks", "load_direct_bytes")
+LOAD_COUNTERS = (
+    "load_dma_us",
+    "load_dma_bytes",
+    "load_us",
+    "load_lease_us",
+    "load_chunks",
+    "load_direct_bytes",
+)
 
 
 def thread_cpu() -> dict[tuple[int, int], tuple[str, float]]:

@@ -85,6 +85,7 @@ class LoadMixin:
         except KvdClientError:
             self._fail_all(run)
             return
+        self.counters["load_lease_us"] += int((time.perf_counter() - t0) * 1e6)
         arena = self.arena
         if arena is None:
             self._fail_all(run)
