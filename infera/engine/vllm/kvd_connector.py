@@ -28,7 +28,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
-from infera.engine.vllm import compat, events, stats
+from infera.engine.vllm import compat, events, hookup, stats
 from infera.engine.vllm.config import layerwise_requested, read_env
 from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import InferaKvdMetadata
@@ -42,49 +42,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("infera.engine.vllm")
 
 
-def _adopt_vllm_logging() -> None:
-    """Print our log lines through vLLM's handlers, so they look like (and sit with) vLLM's."""
-    ours = logging.getLogger("infera.engine.vllm")
-    theirs = logging.getLogger("vllm")
-    if ours.handlers or not theirs.handlers:
-        return
-    for handler in theirs.handlers:
-        ours.addHandler(handler)
-    ours.setLevel(theirs.level or logging.INFO)
-    ours.propagate = False
-
-
-_adopt_vllm_logging()
-
-try:  # vLLM 0.32+: vllm:prompt_tokens_cached_by_source counts our hits by the tier that held them
-    from vllm.v1.metrics.cache_hit_source import CacheHitSource
-
-    _HIT_SOURCE: Any = CacheHitSource.HOST
-    # the distributed tier is another host's store reached over the network: of vLLM's sources,
-    # p2p ("transferred from another vLLM instance") is the nearest
-    _TIER_SOURCE: dict[str, Any] = {
-        "ram": CacheHitSource.HOST,
-        "disk": CacheHitSource.DISK,
-        "distributed": CacheHitSource.P2P,
-    }
-except ImportError:  # pragma: no cover - older vLLM
-    _HIT_SOURCE = None
-    _TIER_SOURCE = {}
-
-
-def _register_by_name() -> None:
-    """Under a MultiConnector the API-server process rebuilds each child's stats by class name
-    (``KVConnectorFactory.get_connector_class_by_name``): make ours known by name too."""
-    try:
-        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
-
-        if "InferaKvdConnector" not in KVConnectorFactory._registry:
-            KVConnectorFactory.register_connector("InferaKvdConnector", __name__, "InferaKvdConnector")
-    except Exception:  # pragma: no cover - a vLLM without a registry: stats stay per-connector
-        log.debug("infera-kvd: could not register the connector by name", exc_info=True)
-
-
-_register_by_name()
+hookup.adopt_vllm_logging()
+hookup.register_by_name(__name__)
+_HIT_SOURCE, _TIER_SOURCE = hookup.HIT_SOURCE, hookup.TIER_SOURCE
 
 
 class InferaKvdConnector(KVConnectorBase_V1, SupportsHMA):

@@ -266,17 +266,6 @@ def _metrics() -> tuple[Any, Any]:
     return (lambda _exc: failures.inc()), (lambda state: registered.set(1 if state == "registered" else 0))
 
 
-def _adopt_vllm_logging() -> None:
-    for name in ("infera.engine.vllm", "infera.discovery"):
-        ours, theirs = logging.getLogger(name), logging.getLogger("vllm")
-        if ours.handlers or not theirs.handlers:
-            continue
-        for handler in theirs.handlers:
-            ours.addHandler(handler)
-        ours.setLevel(logging.INFO)
-        ours.propagate = False
-
-
 class AppHolder:
     """The FastAPI app ``build_app`` returned, so the record can use the engine's own config."""
 
@@ -314,7 +303,9 @@ def start(args: argparse.Namespace, app_module: Any | None) -> Registrar | None:
                 file=sys.stderr,
             )
         return None
-    _adopt_vllm_logging()
+    from infera.engine.vllm import hookup  # in vLLM's API server: vLLM is imported by now
+
+    hookup.adopt_vllm_logging("infera.engine.vllm", "infera.discovery", level=logging.INFO)
     holder = AppHolder()
     if app_module is not None and int(getattr(args, "api_server_count", 1) or 1) <= 1:
         capture_app(app_module, holder)
