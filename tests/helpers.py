@@ -4,14 +4,17 @@ condition took to come true, and a full-screen program (``kvd top``) in a pseudo
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import pty
 import select
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 
 from infera.bench.services import free_port
 from infera.kvd.arena import Arena
@@ -58,6 +61,19 @@ def disk_tier_in_process(tmp_path: Path) -> Iterator[tuple[Store, DiskTier]]:
     finally:
         tier.close()
         arena.close()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def benchmark_script(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` imported as module ``name`` (the folder is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def seconds_until(pred: Callable[[], object], timeout: float, what: str, poll_s: float = 0.01) -> float:

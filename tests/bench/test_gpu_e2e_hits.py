@@ -3,7 +3,6 @@ benchmarks/gpu_lane_issue19.sh's stage table stays in step with the bench's opti
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,17 +11,14 @@ from typing import Any
 
 import pytest
 
+from helpers import benchmark_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def hits() -> Any:
-    spec = importlib.util.spec_from_file_location("gpu_e2e_hits", ROOT / "benchmarks" / "gpu_e2e_hits.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_e2e_hits"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("gpu_e2e_hits")
 
 
 HIT = {

@@ -3,30 +3,21 @@ kv-transfer-configs of its phases, the router command per transport, and the met
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import socket
-import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers import free_port
-
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import benchmark_script, free_port
 
 
 @pytest.fixture(scope="module")
 def pd() -> Any:
-    spec = importlib.util.spec_from_file_location("pdkit", ROOT / "benchmarks" / "pdkit.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["pdkit"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("pdkit")
 
 
 PREFILL_KTC = {
