@@ -23,11 +23,10 @@ from infera.bench.disk import plant_chunk_files
 from infera.bench.services import (
     REPO,
     LMCacheServer,
-    MooncakeMaster,
-    MooncakeStorageNode,
     Redis,
-    Service,
     ServiceMissing,
+    mooncake_cluster,
+    running,
 )
 from infera.errors import KvdError
 
@@ -64,19 +63,6 @@ def run_worker(module: str, *args: str, python: str | None = None, timeout: floa
 
 
 @contextlib.contextmanager
-def _services(*svcs: Service) -> Iterator[None]:
-    started: list[Service] = []
-    try:
-        for svc in svcs:
-            started.append(svc)
-            svc.start()
-        yield
-    finally:
-        for svc in reversed(started):
-            svc.stop()
-
-
-@contextlib.contextmanager
 def _store_server(peer: str, work: Path, size: int, count: int, rounds: int) -> Iterator[dict[str, Any]]:
     total = size * count * (rounds + 2)
     if peer == "kvd":
@@ -85,17 +71,15 @@ def _store_server(peer: str, work: Path, size: int, count: int, rounds: int) -> 
         with temp_daemon("--max-bytes", str(2 * size * count + (64 << 20))) as (sock, _proc):
             yield {"socket": sock}
     elif peer == "mooncake":
-        master = MooncakeMaster(work)
-        node = MooncakeStorageNode(work, master, segment=f"{max(total, 256 << 20) >> 20} MB")
-        with _services(master, node):
+        with mooncake_cluster(work, f"{max(total, 256 << 20) >> 20} MB") as master:
             yield {"master": master.address, "metadata": master.metadata}
     elif peer == "lmcache_server":
         lmc = LMCacheServer(work)
-        with _services(lmc):
+        with running(lmc):
             yield {"port": lmc.port}
     elif peer == "redis":
         rds = Redis(work, maxmemory=f"{max(total, 256 << 20) >> 20}mb")
-        with _services(rds):
+        with running(rds):
             yield {"port": rds.port}
     else:
         raise KvdError(f"unknown store peer {peer!r}")

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -27,6 +27,7 @@ from infera.kvd.process import kill_child, stop_child
 
 REPO = Path(__file__).resolve().parent.parent.parent
 VENV_BIN = Path(sys.executable).parent
+BENCH_CLIENT_TTL_S = 30
 
 
 class ServiceMissing(KvdError):
@@ -133,6 +134,16 @@ class Service:
         return self.start(timeout)
 
 
+MASTER_GAUGES = {  # mooncake_master's metrics that explain a refused put
+    "master_total_capacity_bytes": "capacity bytes",
+    "master_allocated_bytes": "allocated bytes",
+    "master_key_count": "keys",
+    "master_active_clients": "active clients",
+    "master_put_start_alloc_failures_total": "failed allocations",
+    "master_unmount_segment_requests_total": "unmounts",
+}
+
+
 class MooncakeMaster(Service):
     """``mooncake_master`` with its HTTP metadata server, on free loopback ports."""
 
@@ -156,6 +167,22 @@ class MooncakeMaster(Service):
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.rpc_port}"
+
+    def describe(self) -> str:
+        """One line on the pool, for an error message: capacity, use, clients, failed allocations
+        and clients the master declared expired (their segments were unmounted)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
+                text = r.read().decode(errors="replace")
+        except OSError as exc:
+            return f"mooncake_master's metrics did not answer: {exc}"
+        values = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name in MASTER_GAUGES:
+                values[MASTER_GAUGES[name]] = value.strip()
+        expired = self.log(tail=1 << 20).count("action=client_expired")
+        return ", ".join(f"{k} {v}" for k, v in values.items()) + f", clients expired {expired}"
 
     @property
     def metadata(self) -> str:
@@ -190,6 +217,37 @@ class MooncakeStorageNode(Service):
     def ready(self) -> bool:
         # it listens once its segment is mounted with the master
         return tcp_open("127.0.0.1", self.port)
+
+
+@contextlib.contextmanager
+def running(*svcs: Service) -> Iterator[None]:
+    """Start ``svcs`` in order; stop the started ones in reverse order on the way out."""
+    started: list[Service] = []
+    try:
+        for svc in svcs:
+            started.append(svc)
+            svc.start()
+        yield
+    finally:
+        for svc in reversed(started):
+            svc.stop()
+
+
+@contextlib.contextmanager
+def mooncake_cluster(workdir: Path, segment: str) -> Iterator[MooncakeMaster]:
+    """A throwaway Mooncake Store for a benchmark: a master and one storage node lending
+    ``segment``. Unlike the tests' masters (short TTLs, to see expiry quickly), a client may go 30 s
+    without a heartbeat on a busy host before its segment is unmounted."""
+    master = MooncakeMaster(workdir, client_ttl_s=BENCH_CLIENT_TTL_S)
+    node = MooncakeStorageNode(workdir, master, segment=segment)
+    try:
+        stack = contextlib.ExitStack()
+        stack.enter_context(running(master, node))
+    except RuntimeError as exc:  # one line for the user, not the log dump
+        lines = str(exc).strip().splitlines()
+        raise KvdError(lines[0], hint=f"its log ends: {lines[-1]}" if len(lines) > 1 else None) from None
+    with stack:
+        yield master
 
 
 class LMCacheServer(Service):
@@ -296,7 +354,9 @@ __all__ = [
     "ServiceMissing",
     "find_program",
     "free_port",
+    "mooncake_cluster",
     "require",
+    "running",
     "set_missing_handler",
     "tcp_open",
 ]

@@ -12,8 +12,9 @@ GPU hosts; never both in one environment). What this module knows about its beha
 * ``put`` on an existing key succeeds and keeps the old value (first writer wins), so an
   overwrite removes the key first. ``get`` cannot tell a missing key from an error, so reads go
   through ``get_size`` (``-704`` = missing) and ``get_into`` style calls that return codes.
-* ``-200`` means the segments are full (eviction runs asynchronously in the master): the write is
-  dropped and counted as backpressure. Reads take a lease that blocks ``remove`` for a while;
+* ``-200`` means no segment has room (eviction runs asynchronously in the master; a storage node
+  that missed its heartbeats for the master's client TTL is unmounted): the write is postponed,
+  retried with back-off (:mod:`.writeretry`) and counted as backpressure. Reads take a lease that blocks ``remove`` for a while;
   our removes are forced. A master restart loses every key (the tier rewrites what RAM holds).
 """
 

@@ -1,0 +1,66 @@
+"""``kvd bench l4`` against a store that refuses writes for a while, and the one-line account of a
+throwaway store that the benchmark attaches to its errors (real master, real storage node)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from infera.bench.services import MooncakeMaster, MooncakeStorageNode, Service, find_program
+
+pytestmark = pytest.mark.skipif(
+    find_program("mooncake_master") is None, reason="mooncake_master is not installed"
+)
+
+
+def _wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_bench_l4_waits_for_writes_the_store_refused_and_counts_them(
+    services: Callable[[Service], Service], service_dir: Path, mooncake_master: MooncakeMaster
+) -> None:
+    # No storage node yet: the master has no room, so every put is refused with -200 ("full").
+    # The daemon retries them; once a node mounts its segment they land, and the run says so.
+    argv = [sys.executable, "-m", "infera.cli", "bench", "l4", "--chunk-size", "256K", "--count", "4"]
+    argv += ["--rounds", "1", "--batch", "2", "--json"]
+    argv += ["--master", mooncake_master.address, "--metadata", mooncake_master.metadata]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as bench:
+        _wait_for(lambda: "failed allocations 0" not in mooncake_master.describe(), 60, "no put was refused")
+        services(MooncakeStorageNode(service_dir, mooncake_master))
+        out, err = bench.communicate(timeout=120)
+    assert bench.returncode == 0, err[-2000:]
+    res = json.loads(out)
+    assert res["postponed_writes"] >= 1
+    assert len(res["put_ratio_rounds"]) == 1 and res["kvd_put_mib_s"] > 0
+
+
+def test_master_describe_tells_of_a_storage_node_that_stopped_answering(
+    mooncake_master: MooncakeMaster, mooncake_node: MooncakeStorageNode
+) -> None:
+    healthy = mooncake_master.describe()
+    assert "capacity bytes 134217728" in healthy and "clients expired 0" in healthy, healthy
+    # A stalled node misses its heartbeats; past the master's client TTL (2 s in the tests) its
+    # segment is unmounted: the state that refuses every put with "segments are full".
+    os.kill(mooncake_node.pid, signal.SIGSTOP)
+    try:
+        _wait_for(lambda: "clients expired 1" in mooncake_master.describe(), 30, "the node never expired")
+        assert "capacity bytes 0" in mooncake_master.describe()
+    finally:
+        os.kill(mooncake_node.pid, signal.SIGCONT)
+
+
+def test_master_describe_says_when_the_master_is_gone(mooncake_master: MooncakeMaster) -> None:
+    mooncake_master.stop()
+    assert "did not answer" in mooncake_master.describe()
