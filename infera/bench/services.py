@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -244,8 +245,11 @@ def mooncake_cluster(workdir: Path, segment: str) -> Iterator[MooncakeMaster]:
         stack = contextlib.ExitStack()
         stack.enter_context(running(master, node))
     except RuntimeError as exc:  # one line for the user, not the log dump
-        lines = str(exc).strip().splitlines()
-        raise KvdError(lines[0], hint=f"its log ends: {lines[-1]}" if len(lines) > 1 else None) from None
+        first, *log = str(exc).strip().splitlines()
+        said = [line for line in log if re.match(r"[EF]\d{4} ", line)] or log  # glog's errors first
+        raise KvdError(
+            first.rstrip(":"), hint=f"its log says: {said[-1].strip()}" if said else None
+        ) from None
     with stack:
         yield master
 

@@ -64,3 +64,13 @@ def test_master_describe_tells_of_a_storage_node_that_stopped_answering(
 def test_master_describe_says_when_the_master_is_gone(mooncake_master: MooncakeMaster) -> None:
     mooncake_master.stop()
     assert "did not answer" in mooncake_master.describe()
+
+
+def test_a_cluster_that_cannot_start_is_one_line_error(tmp_path: Path) -> None:
+    from infera.bench.services import mooncake_cluster
+    from infera.errors import KvdError
+
+    with pytest.raises(KvdError) as err, mooncake_cluster(tmp_path, "99999999 GB"):  # more than any host
+        pass
+    assert "\n" not in err.value.message and "mooncake_client" in err.value.message, err.value.message
+    assert err.value.hint is not None and "INVALID_PARAMS" in err.value.hint, err.value.hint
