@@ -28,7 +28,10 @@ from infera.kvd.process import kill_child, stop_child
 
 REPO = Path(__file__).resolve().parent.parent.parent
 VENV_BIN = Path(sys.executable).parent
-BENCH_CLIENT_TTL_S = 30
+# Seconds a Mooncake client may go without a heartbeat (one a second) before the master drops it
+# and unmounts its segment, losing every key on it. Mooncake's default is 10 s; on a busy 2-core
+# host a storage node, or a master resumed after a pause, can miss that (CI lost a run's keys so).
+CLIENT_TTL_S = 30
 
 
 class ServiceMissing(KvdError):
@@ -148,7 +151,7 @@ MASTER_GAUGES = {  # mooncake_master's metrics that explain a refused put
 class MooncakeMaster(Service):
     """``mooncake_master`` with its HTTP metadata server, on free loopback ports."""
 
-    def __init__(self, workdir: Path, lease_ms: int = 500, client_ttl_s: int = 2) -> None:
+    def __init__(self, workdir: Path, lease_ms: int = 500, client_ttl_s: int = CLIENT_TTL_S) -> None:
         self.rpc_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
         exe = require("mooncake_master", hint="pip install 'infera-kvd[mooncake]' (scripts/setup.sh --all)")
         argv = [
@@ -237,9 +240,8 @@ def running(*svcs: Service) -> Iterator[None]:
 @contextlib.contextmanager
 def mooncake_cluster(workdir: Path, segment: str) -> Iterator[MooncakeMaster]:
     """A throwaway Mooncake Store for a benchmark: a master and one storage node lending
-    ``segment``. Unlike the tests' masters (short TTLs, to see expiry quickly), a client may go 30 s
-    without a heartbeat on a busy host before its segment is unmounted."""
-    master = MooncakeMaster(workdir, client_ttl_s=BENCH_CLIENT_TTL_S)
+    ``segment``."""
+    master = MooncakeMaster(workdir)
     node = MooncakeStorageNode(workdir, master, segment=segment)
     try:
         stack = contextlib.ExitStack()

@@ -47,18 +47,22 @@ def test_bench_l4_waits_for_writes_the_store_refused_and_counts_them(
 
 
 def test_master_describe_tells_of_a_storage_node_that_stopped_answering(
-    mooncake_master: MooncakeMaster, mooncake_node: MooncakeStorageNode
+    services: Callable[[Service], Service], service_dir: Path
 ) -> None:
-    healthy = mooncake_master.describe()
+    master = MooncakeMaster(service_dir, client_ttl_s=2)
+    node = MooncakeStorageNode(service_dir, master)
+    services(master)
+    services(node)
+    healthy = master.describe()
     assert "capacity bytes 134217728" in healthy and "clients expired 0" in healthy, healthy
-    # A stalled node misses its heartbeats; past the master's client TTL (2 s in the tests) its
+    # A stalled node misses its heartbeats; past the master's client TTL (2 s here) its
     # segment is unmounted: the state that refuses every put with "segments are full".
-    os.kill(mooncake_node.pid, signal.SIGSTOP)
+    os.kill(node.pid, signal.SIGSTOP)
     try:
-        _wait_for(lambda: "clients expired 1" in mooncake_master.describe(), 30, "the node never expired")
-        assert "capacity bytes 0" in mooncake_master.describe()
+        _wait_for(lambda: "clients expired 1" in master.describe(), 30, "the node never expired")
+        assert "capacity bytes 0" in master.describe()
     finally:
-        os.kill(mooncake_node.pid, signal.SIGCONT)
+        os.kill(node.pid, signal.SIGCONT)
 
 
 def test_master_describe_says_when_the_master_is_gone(mooncake_master: MooncakeMaster) -> None:

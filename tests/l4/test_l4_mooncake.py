@@ -288,11 +288,11 @@ def test_kvd_stat_shows_the_long_tier(cluster: MooncakeMaster, start_daemon: Cal
 
 @pytest.fixture
 def patient_cluster(services: Callable[[Service], Service], service_dir: Path) -> MooncakeMaster:
-    """A cluster whose master keeps silent clients for a minute. With the short ``client_ttl``
-    of the other tests, a master resumed after a pause of more than 2 s can check the clients'
-    liveness before it handles the pings queued meanwhile: it then drops the storage node and
-    every key on it (the CI run of 5f048af lost them that way). That is Mooncake's rule, not the
-    daemon's; this test is about the daemon."""
+    """A cluster whose master keeps silent clients for a minute. With a short ``client_ttl`` (2 s
+    here once), a master resumed after a longer pause could check the clients' liveness before it
+    handled the pings queued meanwhile: it then dropped the storage node and every key on it (the
+    CI run of 5f048af lost them that way). That is Mooncake's rule, not the daemon's; this test is
+    about the daemon, so its master keeps a minute whatever the default TTL."""
     master = services(MooncakeMaster(service_dir, client_ttl_s=60))
     assert isinstance(master, MooncakeMaster)
     services(MooncakeStorageNode(service_dir, master))
