@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -35,7 +36,8 @@ from typing import Any
 
 from infera.bench.common import machine_line, temp_daemon
 from infera.bench.services import mooncake_cluster
-from infera.errors import KvdError
+from infera.errors import KvdError, UsageError
+from infera.kvd.flags.parse import parse_master
 from infera.units import format_size, parse_size
 
 THREADS = 2  # the daemon's writer lanes and reader threads
@@ -111,10 +113,26 @@ def _long(client: Any) -> dict[str, Any]:
 
 def _wait_ready(client: Any, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
-    while _long(client)["state"] != "ready":
+    while (s := _long(client))["state"] != "ready":
         if time.monotonic() > deadline:
-            raise KvdError(f"the daemon's Mooncake tier is not ready: {_long(client)}")
+            why = s.get("last_error") or "no error reported"
+            raise KvdError(f"the daemon's Mooncake tier is still {s['state']} after {timeout:.0f} s: {why}")
         time.sleep(0.05)
+
+
+def _check_master(master: str) -> None:
+    """``--master`` answers on its port: fail now, not after the daemons' 30 s wait."""
+    try:
+        host, port = parse_master(master)
+    except UsageError:
+        raise UsageError(f"--master: {master!r} is not HOST:PORT", hint="e.g. 10.0.0.5:50051") from None
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+    except OSError as exc:
+        raise KvdError(
+            f"the Mooncake master {master} does not answer ({exc.strerror or exc})",
+            hint="start it, or leave out --master and --metadata for a throwaway cluster on loopback",
+        ) from None
 
 
 def through_kvd(a_sock: str, b_sock: str, size: int, count: int, batch: int, tag: str) -> dict[str, float]:
@@ -189,6 +207,8 @@ def run_l4_bench(
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kvd-bench-mc-")))
             cluster = stack.enter_context(mooncake_cluster(work, segment))
             master, metadata = cluster.address, cluster.metadata
+        else:
+            _check_master(master)
         meta = metadata or "P2PHANDSHAKE"
         args = ["--max-bytes", arena, "--long-backend", "mooncake", "--mooncake-master", master]
         args += ["--mooncake-metadata", meta]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ import pytest
 
 from infera.bench.services import MooncakeMaster, MooncakeStorageNode, Service, find_program
 
-pytestmark = pytest.mark.skipif(
+needs_mooncake = pytest.mark.skipif(
     find_program("mooncake_master") is None, reason="mooncake_master is not installed"
 )
 
@@ -28,6 +29,7 @@ def _wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
+@needs_mooncake
 def test_bench_l4_waits_for_writes_the_store_refused_and_counts_them(
     services: Callable[[Service], Service], service_dir: Path, mooncake_master: MooncakeMaster
 ) -> None:
@@ -46,6 +48,7 @@ def test_bench_l4_waits_for_writes_the_store_refused_and_counts_them(
     assert len(res["put_ratio_rounds"]) == 1 and res["kvd_put_mib_s"] > 0
 
 
+@needs_mooncake
 def test_master_describe_tells_of_a_storage_node_that_stopped_answering(
     services: Callable[[Service], Service], service_dir: Path
 ) -> None:
@@ -65,11 +68,13 @@ def test_master_describe_tells_of_a_storage_node_that_stopped_answering(
         os.kill(node.pid, signal.SIGCONT)
 
 
+@needs_mooncake
 def test_master_describe_says_when_the_master_is_gone(mooncake_master: MooncakeMaster) -> None:
     mooncake_master.stop()
     assert "did not answer" in mooncake_master.describe()
 
 
+@needs_mooncake
 def test_a_cluster_that_cannot_start_is_one_line_error(tmp_path: Path) -> None:
     from infera.bench.services import mooncake_cluster
     from infera.errors import KvdError
@@ -78,3 +83,32 @@ def test_a_cluster_that_cannot_start_is_one_line_error(tmp_path: Path) -> None:
         pass
     assert "\n" not in err.value.message and "mooncake_client" in err.value.message, err.value.message
     assert err.value.hint is not None and "INVALID_PARAMS" in err.value.hint, err.value.hint
+
+
+@pytest.mark.parametrize(
+    ("master", "rc", "says"),
+    [("127.0.0.1:{port}", 1, "does not answer"), ("no-port-here", 2, "is not HOST:PORT")],
+)
+def test_bench_l4_refuses_a_master_that_is_not_there_at_once(master: str, rc: int, says: str) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "infera.cli",
+            "bench",
+            "l4",
+            "--master",
+            master.format(port=port),
+            "--count",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == rc and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert time.monotonic() - t0 < 20  # not after the daemons' 30 s wait for their tier
