@@ -66,6 +66,8 @@ def test_master_describe_tells_of_a_storage_node_that_stopped_answering(
         assert "capacity bytes 0" in master.describe()
     finally:
         os.kill(node.pid, signal.SIGCONT)
+    # resumed, it remounts its segment (empty) on its next ping
+    _wait_for(lambda: "capacity bytes 134217728" in master.describe(), 30, "the node never remounted")
 
 
 @needs_mooncake
