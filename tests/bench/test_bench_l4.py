@@ -59,7 +59,7 @@ def test_master_describe_tells_of_a_storage_node_that_stopped_answering(
     healthy = master.describe()
     assert "capacity bytes 134217728" in healthy and "clients expired 0" in healthy, healthy
     # A stalled node misses its heartbeats; past the master's client TTL (2 s here) its
-    # segment is unmounted: the state that refuses every put with "segments are full".
+    # segment is unmounted: the state that refuses every put with -200 ("no mounted segment has room").
     os.kill(node.pid, signal.SIGSTOP)
     try:
         _wait_for(lambda: "clients expired 1" in master.describe(), 30, "the node never expired")

@@ -42,7 +42,7 @@ ERRORS = {
     -1: ("internal error", "error"),
     -10: ("buffer overflow", "error"),
     -101: ("segment not found", "error"),
-    -200: ("no available handle: the segments are full", "full"),
+    -200: ("no available handle: no mounted segment has room (full, or no storage node mounted)", "full"),
     -400: ("invalid key", "error"),
     -600: ("invalid parameters", "error"),
     -703: ("replica not ready", "missing"),
