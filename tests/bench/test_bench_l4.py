@@ -16,17 +16,11 @@ from pathlib import Path
 import pytest
 
 from infera.bench.services import MooncakeMaster, MooncakeStorageNode, Service, find_program
+from infera.kvd.process import wait_until
 
 needs_mooncake = pytest.mark.skipif(
     find_program("mooncake_master") is None, reason="mooncake_master is not installed"
 )
-
-
-def _wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 
 @needs_mooncake
@@ -39,7 +33,12 @@ def test_bench_l4_waits_for_writes_the_store_refused_and_counts_them(
     argv += ["--rounds", "1", "--batch", "2", "--json"]
     argv += ["--master", mooncake_master.address, "--metadata", mooncake_master.metadata]
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as bench:
-        _wait_for(lambda: "failed allocations 0" not in mooncake_master.describe(), 60, "no put was refused")
+        wait_until(
+            lambda: "failed allocations 0" not in mooncake_master.describe(),
+            60,
+            "a refused put",
+            poll_s=0.1,
+        )
         services(MooncakeStorageNode(service_dir, mooncake_master))
         out, err = bench.communicate(timeout=120)
     assert bench.returncode == 0, err[-2000:]
@@ -62,12 +61,12 @@ def test_master_describe_tells_of_a_storage_node_that_stopped_answering(
     # segment is unmounted: the state that refuses every put with -200 ("no mounted segment has room").
     os.kill(node.pid, signal.SIGSTOP)
     try:
-        _wait_for(lambda: "clients expired 1" in master.describe(), 30, "the node never expired")
+        wait_until(lambda: "clients expired 1" in master.describe(), 30, "the node to expire", poll_s=0.1)
         assert "capacity bytes 0" in master.describe()
     finally:
         os.kill(node.pid, signal.SIGCONT)
     # resumed, it remounts its segment (empty) on its next ping
-    _wait_for(lambda: "capacity bytes 134217728" in master.describe(), 30, "the node never remounted")
+    wait_until(lambda: "capacity bytes 134217728" in master.describe(), 30, "the node to remount", poll_s=0.1)
 
 
 @needs_mooncake
