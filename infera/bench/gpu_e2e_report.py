@@ -30,7 +30,7 @@ SWEEP_CASES = (
 )
 
 
-def _median(samples: list[dict[str, Any]], key: str = "ms") -> float | None:
+def median_ms(samples: list[dict[str, Any]], key: str = "ms") -> float | None:
     vals = [s[key] for s in samples if s.get(key) is not None]
     return statistics.median(vals) if vals else None
 
@@ -39,7 +39,7 @@ def policy_fields(case: str, samples: list[dict[str, Any]], policy: str) -> dict
     """A row's load policy and the median of the tokens it skipped (kvd hit rows only)."""
     if not case.startswith("kvd"):
         return {"load_policy": None}
-    return {"load_policy": policy, "skipped_tokens": _median(samples, "skipped_tokens")}
+    return {"load_policy": policy, "skipped_tokens": median_ms(samples, "skipped_tokens")}
 
 
 def cut_check(
@@ -70,9 +70,9 @@ def partial_rows(records: list[dict[str, Any]], policy: str) -> list[dict[str, A
             continue
         nat = by.get((model, "native", n), {})
         for extra, hits in rec["partial"].items():
-            recompute = _median((rec.get("partial_recompute") or {}).get(extra) or [])
-            native = _median((nat.get("partial") or {}).get(extra) or [])
-            kvd = _median(hits)
+            recompute = median_ms((rec.get("partial_recompute") or {}).get(extra) or [])
+            native = median_ms((nat.get("partial") or {}).get(extra) or [])
+            kvd = median_ms(hits)
             out.append(
                 {
                     "model": model,
@@ -83,10 +83,10 @@ def partial_rows(records: list[dict[str, Any]], policy: str) -> list[dict[str, A
                     "kvd_ms": kvd,
                     "kvd_vs_native": kvd / native if kvd and native else None,
                     "kvd_vs_recompute": kvd / recompute if kvd and recompute else None,
-                    "kvd_cached": _median(hits, "cached"),
-                    "native_cached": _median((nat.get("partial") or {}).get(extra) or [], "cached"),
+                    "kvd_cached": median_ms(hits, "cached"),
+                    "native_cached": median_ms((nat.get("partial") or {}).get(extra) or [], "cached"),
                     "load_policy": policy,
-                    "skipped_tokens": _median(hits, "skipped_tokens"),
+                    "skipped_tokens": median_ms(hits, "skipped_tokens"),
                 }
             )
     return sorted(out, key=lambda r: (r["model"], r["new_tokens"]))

@@ -136,7 +136,8 @@ def run_scale_bench(quick: bool, json_out: bool, out: str, only: str = "", resta
     from infera.bench.scale_conc import concurrency_points
     from infera.bench.scale_host import cpu_points
     from infera.bench.scale_index import index_point, namespaces_point
-    from infera.bench.scale_report import extrapolate, markdown, plot_all, targets
+    from infera.bench.scale_plots import plot_all
+    from infera.bench.scale_report import extrapolate, markdown, targets
 
     mode = "quick" if quick else "full"
     p = dict(PRESETS[mode])

@@ -21,7 +21,7 @@ from textual.reactive import reactive
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Sparkline, Static
 
-from infera.tui import panels
+from infera.tui import clients, panels
 from infera.tui.model import (
     DEFAULT_WINDOW_S,
     SERIES,
@@ -185,7 +185,7 @@ class TopApp(App[int]):
                 yield Static(id="capacity", classes="box")
                 yield Static(id="health", classes="box")
             yield Static(id="long", classes="box")
-        yield ClientTable(panels.CLIENT_COLUMNS, panels.RIGHT_ALIGNED, id="clients", classes="box")
+        yield ClientTable(clients.CLIENT_COLUMNS, clients.RIGHT_ALIGNED, id="clients", classes="box")
         yield Static(id="warnings", classes="box")
 
     @property
@@ -361,7 +361,7 @@ class TopApp(App[int]):
 
     def render_clients(self) -> None:
         table = self.main.query_one(ClientTable)
-        rows = panels.client_rows(self.stats or {}, self.sort)
+        rows = clients.client_rows(self.stats or {}, self.sort)
         table.border_title = f"clients ({len(rows)}), sorted by {self.sort} (s to change)"
         table.set_rows(rows)
 

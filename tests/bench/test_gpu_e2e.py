@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from infera.bench.gpu_e2e import summarize
 from infera.bench.gpu_e2e_report import render_rows as render
+from infera.bench.gpu_e2e_summary import summarize
 
 MODEL = {"name": "m", "sizes": [1025], "bytes_per_token": 1 << 20}
 

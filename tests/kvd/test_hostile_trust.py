@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import FakeDaemon, HealthProbe, enough_rounds, hello_fds, raw, refused_start
+from fake_daemon import FakeDaemon, hello_fds, refused_start
+from hostile import HealthProbe, enough_rounds, raw
 
 from helpers import Daemon
 from infera.errors import KvdError

@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hostile import HealthProbe, enough_rounds, fill_up, tmpfs, tree_snapshot
+from hostile import HealthProbe, enough_rounds
+from hostile_fs import fill_up, tmpfs, tree_snapshot
 from test_disk_tier import NS, disk_daemon, long_stats, wait_ready
 
 from helpers import Daemon

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
+from infera.tui import clients as client_table
 from infera.tui import panels
 from infera.tui.model import SORT_ORDER, History, next_sort, sort_clients
 
@@ -115,7 +116,7 @@ def test_fill_bar_width_and_colour_thresholds() -> None:
 def test_panels_accept_an_empty_reply() -> None:
     for render in (panels.capacity_text, panels.health_table, panels.long_table, panels.warnings_text):
         assert _plain(render({}))
-    assert panels.client_rows({}, "pid") == []
+    assert client_table.client_rows({}, "pid") == []
     assert "n/a" in _plain(panels.cache_table({}, None))
 
 
@@ -139,7 +140,7 @@ def test_warnings_include_daemon_warnings_fallbacks_and_a_degraded_long_tier() -
 
 
 def test_fallback_rows_are_flagged_and_say_why() -> None:
-    rows = {key: (cells, flagged) for key, cells, flagged in panels.client_rows(RECORDED, "pid")}
+    rows = {key: (cells, flagged) for key, cells, flagged in client_table.client_rows(RECORDED, "pid")}
     fallback = next(c for c in RECORDED["clients"] if c["fallback"])
     cells, flagged = rows[str(fallback["id"])]
     assert flagged
@@ -149,7 +150,7 @@ def test_fallback_rows_are_flagged_and_say_why() -> None:
     assert rows[str(normal["id"])][1] is False
 
 
-PINNED = panels.CLIENT_COLUMNS.index("pinned")
+PINNED = client_table.CLIENT_COLUMNS.index("pinned")
 GIB = 1 << 30
 
 
@@ -158,38 +159,40 @@ def _client(**fields: object) -> dict:
 
 
 def test_pinned_cell_shows_bytes_and_the_share_of_the_quota() -> None:
-    cells = panels.client_cells(_client(pinned_bytes=3 * GIB // 2, quota_bytes=4 * GIB, quota_refused=0))
+    cells = client_table.client_cells(
+        _client(pinned_bytes=3 * GIB // 2, quota_bytes=4 * GIB, quota_refused=0)
+    )
     assert cells[PINNED] == "1.5 GiB 38%"
-    assert panels.client_cells(_client(pinned_bytes=0, quota_bytes=GIB))[PINNED] == "0 B 0%"
+    assert client_table.client_cells(_client(pinned_bytes=0, quota_bytes=GIB))[PINNED] == "0 B 0%"
     # leases are never refused, so a share past 100 % is shown as it is (a lease leak)
-    assert panels.pinned_cell(_client(pinned_bytes=3 * GIB, quota_bytes=2 * GIB)) == "3.0 GiB 150%"
+    assert client_table.pinned_cell(_client(pinned_bytes=3 * GIB, quota_bytes=2 * GIB)) == "3.0 GiB 150%"
 
 
 def test_pinned_cell_without_a_quota_shows_only_bytes() -> None:
     # the daemon sends quota_bytes null under --client-quota 100; 0 or odd types read the same
     for quota in (None, 0, "x"):
-        assert panels.pinned_cell(_client(pinned_bytes=5 << 20, quota_bytes=quota)) == "5.0 MiB"
-    assert panels.pinned_cell(_client(pinned_bytes=5 << 20)) == "5.0 MiB"
+        assert client_table.pinned_cell(_client(pinned_bytes=5 << 20, quota_bytes=quota)) == "5.0 MiB"
+    assert client_table.pinned_cell(_client(pinned_bytes=5 << 20)) == "5.0 MiB"
 
 
 def test_pinned_cell_is_a_dash_from_a_daemon_without_pin_budgets() -> None:
-    assert panels.client_cells(_client(requests=3, leases=1))[PINNED] == "-"
-    assert PINNED in panels.RIGHT_ALIGNED
-    rows = {key: cells for key, cells, _flagged in panels.client_rows(RECORDED, "pid")}
+    assert client_table.client_cells(_client(requests=3, leases=1))[PINNED] == "-"
+    assert PINNED in client_table.RIGHT_ALIGNED
+    rows = {key: cells for key, cells, _flagged in client_table.client_rows(RECORDED, "pid")}
     assert rows["4"][PINNED] == "-"  # vllm-engine-2 in the recording has no pin fields
     assert rows["2"][PINNED] == "1.5 MiB 24%"
 
 
 def test_refused_pin_quota_marks_the_cell_and_the_daemon_says_why() -> None:
     c = _client(pinned_bytes=GIB, quota_bytes=GIB, quota_refused=12)
-    assert panels.pinned_cell(c) == "1.0 GiB 100% !"
+    assert client_table.pinned_cell(c) == "1.0 GiB 100% !"
     calm = _client(pinned_bytes=GIB, quota_bytes=GIB, quota_refused=0)
-    assert not panels.pinned_cell(calm).endswith("!")
+    assert not client_table.pinned_cell(calm).endswith("!")
     # the why is the daemon's own warning (one place), shown once
     lines = panels.warning_lines(RECORDED)
     assert sum("pin quota" in line for line in lines) == 1
     assert any(line.startswith("client vllm-engine-1 (pid 4102) had 12 PUT keys") for line in lines)
-    rows = {key: cells for key, cells, _flagged in panels.client_rows(RECORDED, "pid")}
+    rows = {key: cells for key, cells, _flagged in client_table.client_rows(RECORDED, "pid")}
     assert rows["3"][PINNED].endswith(" !")
 
 
@@ -263,7 +266,7 @@ def test_panels_never_raise_on_odd_replies(top: dict, long: dict, clients: list)
         _plain(panels.cache_table(stats, None))
         _plain(panels.status_line(stats, "/s", connected=True))
         for sort in SORT_ORDER:
-            panels.client_rows(stats, sort)
+            client_table.client_rows(stats, sort)
         h = History(3)
         h.add(stats, 0.0)
         h.add(stats, 1.0)

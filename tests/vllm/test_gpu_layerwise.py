@@ -198,6 +198,28 @@ def test_a_step_too_big_for_two_slabs_does_not_fit() -> None:
     assert lw.fits(most) and not lw.fits(most + 8)
 
 
+def test_a_scattered_step_loads_whole_when_queueing_costs_more_than_half_its_dma() -> None:
+    """Layer by layer, a step queues ``runs x layers`` DMAs instead of ``runs``: with rates
+    injected, the step goes whole exactly when ``runs x (layers - 1)`` calls at the per-call cost
+    exceed half of its DMA time; one run is never scattered, however slow a call."""
+    layout = KVLayout.from_caches(five_layers(), B)
+    cb = layout.chunk_bytes(BPC)
+    counters: Counter[str] = Counter()
+    lw = GpuLayerwise(GpuCopier(layout, BPC, staging_bytes=4 * cb), torch_rows, counters, lambda ids: None)
+    its = items(cb)  # 3 runs, 5 layers: 12 extra calls
+    lw.dma_gbps = 10.0
+    half_dma = 0.5 * len(its) * cb / 10e9
+    lw.call_s = half_dma / 12 * 0.9
+    assert not lw.scattered(its) and counters["load_layerwise_scattered_steps"] == 0
+    lw.call_s = half_dma / 12 * 1.1
+    assert lw.scattered(its) and counters["load_layerwise_scattered_steps"] == 1
+    lw.dma_gbps = 1.0  # a slower link leaves more DMA time to hide the calls behind
+    assert not lw.scattered(its)
+    lw.call_s = 1.0
+    one_run = [LoadItem(d, 0, BPC, (2 + i) * cb, cb) for i, d in enumerate(DST[:3])]
+    assert not lw.scattered(one_run)
+
+
 # -- the worker, against a real daemon -------------------------------------------------------
 def _run_step(w: Any, meta: InferaKvdMetadata, names: list[str], waits: list[str]) -> None:
     w.load(meta)
@@ -248,6 +270,58 @@ def test_worker_loads_layer_by_layer(daemon: Any, staging_chunks: int) -> None:
         for s, d in zip(src, dst, strict=True):
             assert torch.equal(caches[n][d], before[n][s])
     assert w.take_load_errors() == ({x for d in dst for x in d} if big else set())
+
+
+def test_a_worker_loads_scattered_chunks_whole_and_neighbours_layer_by_layer(daemon: Any) -> None:
+    """Two prompts saved in one step, their chunks interleaved in the arena: loading one of them
+    is a run per chunk. At a per-call cost that outweighs the DMA the worker loads that step whole
+    (counted), at a negligible one layer by layer; a prompt saved on its own is one run and goes
+    layer by layer even at that cost. The bytes are right every time."""
+    caches = per_layer_nhd(L=4, N=4, D=16)
+    names = sorted(caches)
+    cb = KVLayout.from_caches(caches, B).chunk_bytes(2)
+    assert cb % 4096 == 0, "chunks that fill whole arena pages, so neighbours form one run"
+    env = ConnectorEnv(socket=daemon.socket, load_layerwise=True, gpu_staging_bytes=64 * cb)
+    w = gpu_worker(daemon.socket, env=env)
+    w.register(caches)
+    lw = w.gpu_layerwise
+    assert lw is not None
+    ours = [bytes([i + 1]) * 16 for i in range(4)]
+    theirs = [bytes([i + 101]) * 16 for i in range(4)]
+    alone = [bytes([i + 201]) * 16 for i in range(4)]
+    src = [[1 + 2 * i, 2 + 2 * i] for i in range(8)]
+    alone_src = [[30 + 2 * i, 31 + 2 * i] for i in range(4)]
+    interleaved = [h for pair in zip(ours, theirs, strict=True) for h in pair]
+    w.save(
+        InferaKvdMetadata(
+            saves=[RequestJob("r", [ChunkJob(h, ids) for h, ids in zip(interleaved, src, strict=True)])]
+        )
+    )
+    w.gpu.drain()
+    w.save(
+        InferaKvdMetadata(
+            saves=[RequestJob("s", [ChunkJob(h, ids) for h, ids in zip(alone, alone_src, strict=True)])]
+        )
+    )
+    w.gpu.drain()
+    before = {n: t.clone() for n, t in caches.items()}
+    dst = [[20 + 2 * i, 21 + 2 * i] for i in range(4)]
+    cases = ((ours, src[0::2], 1.0, 0), (ours, src[0::2], 1e-15, 1), (alone, alone_src, 1.0, 2))
+    for keys, want, call_s, layerwise in cases:
+        for t in caches.values():
+            t[20:28] = 0
+        lw.call_s = call_s
+        meta = InferaKvdMetadata(
+            loads=[RequestJob("r", [ChunkJob(h, d) for h, d in zip(keys, dst, strict=True)])]
+        )
+        _run_step(w, meta, names, names)
+        for n in names:
+            for s_ids, d in zip(want, dst, strict=True):
+                assert torch.equal(caches[n][d], before[n][s_ids])
+        assert w.take_load_errors() == set()
+        assert w.counters["load_layerwise_steps"] == layerwise, (call_s, layerwise)
+    assert w.counters["load_layerwise_scattered_steps"] == 1, "only the interleaved slow-call step went whole"
+    assert w.counters["load_layerwise_whole_steps"] == 1
 
 
 def test_no_layerwise_without_the_flag_or_on_a_cpu_path(daemon: Any) -> None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from infera.engine.vllm import groups
@@ -37,7 +36,10 @@ from infera.engine.vllm.keys import Namespace, chunk_hashes
 from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
 from infera.engine.vllm.scheduler.loadcost import CostModel
+from infera.engine.vllm.scheduler.lookup import count_found
 from infera.engine.vllm.scheduler.policy import LoadPolicy
+from infera.engine.vllm.scheduler.saves import plan_saves
+from infera.engine.vllm.scheduler.state import ReqState
 from infera.engine.vllm.stats import LONG_TIER_KIND, TIERS
 from infera.kvd.client import KvdClientError
 
@@ -54,19 +56,6 @@ MAX_FAILED = 10_000
 FAIL_BLOCKS = "blocks"
 FAIL_REQUESTS = "requests"
 FAIL_NONE = "none"
-
-
-@dataclass
-class _Req:
-    hashes: list[bytes]
-    retention: str
-    found: int = 0
-    local_tokens: int = 0
-    block_ids: list[list[int]] = field(default_factory=list)  # per KV cache group
-    next_save: int = 0
-    long_chunks: set[int] = field(default_factory=set)  # found chunks only the long tier holds
-    hits: dict[str, int] = field(default_factory=dict)  # tier -> tokens this request loads
-    request: Any = None  # kept only while KV events are on (they need its block hashes)
 
 
 class SchedulerHalf:
@@ -101,7 +90,7 @@ class SchedulerHalf:
         self.events = events
         self.long_kind = "disk"  # the tier a long-tier hit counts under (from the daemon's HELLO)
         self.failure = failure if self.plan.hybrid else FAIL_BLOCKS
-        self.reqs: dict[str, _Req] = {}
+        self.reqs: dict[str, ReqState] = {}
         self.failed: dict[str, None] = {}  # requests whose asynchronous load failed: no more hits
         self.pending_loads: list[RequestJob] = []
         self.counters: dict[str, int] = dict.fromkeys(
@@ -170,7 +159,7 @@ class SchedulerHalf:
             self.counters["async_loads"] += 1
         return hit, self.load_async
 
-    def _worth_loading(self, st: _Req, start: int, end: int) -> int:
+    def _worth_loading(self, st: ReqState, start: int, end: int) -> int:
         """Where the load of the hit ``[start, end)`` ends, by the load policy: the rest is
         recomputed, and its long-tier chunks are promoted into RAM for the next request."""
         choice = self.policy.cut(start, end, self.chunk_tokens, st.long_chunks, self.long_kind)
@@ -235,7 +224,7 @@ class SchedulerHalf:
                 hits["ram"] += hits.pop(tier)
         return {t: n for t, n in hits.items() if n > 0}
 
-    def _split(self, st: _Req, start: int, end: int) -> dict[str, int]:
+    def _split(self, st: ReqState, start: int, end: int) -> dict[str, int]:
         ct = self.chunk_tokens
         out: dict[str, int] = {}
         for c in range(start // ct, -(-end // ct)):
@@ -316,13 +305,13 @@ class SchedulerHalf:
         self.reqs.pop(request.request_id, None)
 
     # -- internals ---------------------------------------------------------------------------
-    def _track(self, request: Any) -> _Req:
+    def _track(self, request: Any) -> ReqState:
         prompt = int(getattr(request, "num_prompt_tokens", 0) or len(request.prompt_token_ids or ()))
         hashes = chunk_hashes(list(request.block_hashes), self.chunk_tokens, self.hash_block_size, prompt)
         retention = retention_of(getattr(request, "kv_transfer_params", None))
         if retention == "none":
             self.counters["retention_none_requests"] += 1
-        st = _Req(hashes=hashes, retention=retention)
+        st = ReqState(hashes=hashes, retention=retention)
         if self.events is not None:
             st.request = request
         if len(self.reqs) >= MAX_TRACKED:
@@ -339,70 +328,17 @@ class SchedulerHalf:
         verify = self.failure == FAIL_NONE and hold_ms > 0
         self.counters["lookups"] += 1
         try:
-            found = self.link.call(lambda c: self._count(c, keys, per_chunk, hold_ms, verify))
+            found, long_chunks, long_tier = self.link.call(
+                lambda c: count_found(c, keys, per_chunk, hold_ms, verify, self.counters)
+            )
         except KvdClientError:
             self.counters["lookup_errors"] += 1
             return 0, set()
-        return found
+        self.long_kind = LONG_TIER_KIND.get(long_tier, "disk")
+        return found, long_chunks
 
-    def _count(
-        self, c: Any, keys: list[bytes], per_chunk: list[int], hold_ms: int, verify: bool
-    ) -> tuple[int, set[int]]:
-        count, on_long = c.lookup_tiers(keys, hold_ms=hold_ms)
-        self.long_kind = LONG_TIER_KIND.get(str(c.long_tier), "disk")
-        found = groups.whole_chunks(count, per_chunk)
-        long_chunks = groups.chunks_of(on_long, per_chunk, found)
-        if not verify or not found:
-            return found, long_chunks
-        # A load this vLLM cannot fail (several groups, before 0.30): make sure every chunk is in
-        # RAM (a long-tier chunk is read, and checked, now) and hold it there for the load.
-        n = sum(per_chunk[:found])
-        items = c.lease(keys[:n])
-        c.release([it[0] for it in items if it is not None])
-        present = next((i for i, it in enumerate(items) if it is None), n)
-        ok = groups.whole_chunks(present, per_chunk)
-        if ok < found:
-            self.counters["verify_lost_chunks"] += found - ok
-        if ok:
-            # held: the daemon may hold fewer than asked (its --client-quota); what it does not
-            # hold could be evicted before the load, which this vLLM could not take back
-            _, held = c.hold(keys[: sum(per_chunk[:ok])], hold_ms)
-            kept = groups.whole_chunks(held, per_chunk)
-            if kept < ok:
-                self.counters["verify_unheld_chunks"] += ok - kept
-                ok = kept
-        return ok, {i for i in long_chunks if i < ok}
-
-    def _plan_saves(self, req_id: str, st: _Req, computed_tokens: int, meta: InferaKvdMetadata) -> None:
-        if st.retention == "none":
-            st.next_save = len(st.hashes)
-            return
-        ct = self.chunk_tokens
-        done = min(len(st.hashes), computed_tokens // ct)
-        jobs: list[ChunkJob] = []
-        while st.next_save < done:
-            c = st.next_save
-            chunk: list[ChunkJob] = []
-            complete = True
-            for g, first, stop in self.plan.chunk_groups(c):
-                bpc = g.blocks_per_chunk(ct)
-                have = st.block_ids[g.index] if g.index < len(st.block_ids) else []
-                ids = have[c * bpc + first : c * bpc + stop]
-                if len(ids) < stop - first:
-                    complete = False  # not allocated yet: try again next step
-                    break
-                if 0 in ids:  # outside a window already (a local prefix-cache hit): cannot save
-                    chunk = []
-                    self.counters["save_skipped_outside_window"] += 1
-                    break
-                chunk.append(ChunkJob(st.hashes[c], ids, group=g.index))
-            if not complete:
-                break
-            if c >= st.found and chunk:
-                jobs += chunk
-                if self.events is not None and st.request is not None:
-                    self.events.saved(st.request, c, st.hashes[c])
-            st.next_save = c + 1
+    def _plan_saves(self, req_id: str, st: ReqState, computed_tokens: int, meta: InferaKvdMetadata) -> None:
+        jobs = plan_saves(st, self.plan, self.chunk_tokens, computed_tokens, self.counters, self.events)
         if jobs:
             self.counters["save_chunks"] += len({j.chunk_hash for j in jobs})
             meta.saves.append(RequestJob(req_id, jobs, st.retention))

@@ -236,7 +236,14 @@ class GpuWorkerMixin:
                     log.debug("infera-kvd: RELEASE failed: %s", exc)
 
         lw = self.gpu_layerwise
-        if lw is not None and not files and not hybrid and ram and lw.fits(len(ram[0])):
+        if (
+            lw is not None
+            and not files
+            and not hybrid
+            and ram
+            and lw.fits(len(ram[0]))
+            and not lw.scattered(ram[0])
+        ):
             # layer by layer: the link's bracket stays held until the last DMA is queued
             lw.hold(self.link.using(wait=True))
             # the load's sample: the LEASE and set-up, then the DMAs' own time (not the forward
@@ -253,7 +260,7 @@ class GpuWorkerMixin:
             self.counters["load_us"] += int((time.perf_counter() - started) * 1e6)
             return
         if lw is not None and ram:
-            self.counters["load_layerwise_whole_steps"] += 1  # GPU-direct reads, or too big a step
+            self.counters["load_layerwise_whole_steps"] += 1  # GPU-direct reads, too big a step, scattered
         if not ram:
             self.gpu.load([], arena, release)
         for group, group_items in ram.items():

@@ -20,6 +20,16 @@ step (``wait_for_save``, or the next step's start) every layer not yet copied is
 step's blocks are reported as load errors, so vLLM recomputes them, as on the CPU path
 (:mod:`~infera.engine.vllm.worker.layerwise`). A step whose slabs do not fit twice in the staging
 buffer, a hybrid model, or a GPU-direct read loads the whole step as before (counted).
+
+**Scattered chunks.** A layer-wise step queues one DMA per run of neighbouring chunks *per layer*,
+where a whole-step load queues one per run. In a fresh arena a prompt's chunks sit next to each
+other (one run); in a long-lived one, best-fit reuse of evicted regions scatters them, up to one
+run per chunk: a 16k-token hit of 512 scattered chunks on a 32-layer model would queue 16,384
+DMAs, each a few microseconds of CPU, more than the forward the DMAs were meant to hide behind.
+So a step goes layer by layer only while the extra queueing, ``runs x (layers - 1)`` calls at the
+measured CPU cost of one call, stays under half of what its DMAs take at the measured rate
+(warm-up defaults until the first step is measured); otherwise it loads the whole step, counted in
+``load_layerwise_scattered_steps`` and logged once.
 """
 
 from __future__ import annotations
@@ -39,6 +49,11 @@ from infera.engine.vllm.worker.gpu.staging import LoadItem
 log = logging.getLogger("infera.engine.vllm")
 
 ALIGN = 256  # slab starts: aligned for every index dtype and for the DMA engines
+# warm-up defaults of the two rates the scattered-step rule uses, until a step measures them
+CALL_S = 10e-6  # CPU seconds to check and queue one row copy (ctypes call + driver)
+DMA_GBPS = 25.0  # host-to-device rate of a step's DMAs (pinned PCIe 5: about 55)
+EWMA = 0.3  # weight of a new measurement
+SCATTER_SHARE = 0.5  # extra queueing allowed, as a share of the step's DMA time
 
 
 def runs_of(items: list[LoadItem], chunk_bytes: int) -> list[tuple[int, int, int]]:
@@ -69,6 +84,11 @@ class GpuLayerwise:
         self.index = {lb.name: i for i, lb in enumerate(self.layers)}
         self._hold = contextlib.ExitStack()
         self._warned = False
+        self._warned_scattered = False
+        # measured: CPU time per queued row copy. Synchronous stand-ins (HostOps: CPU tests and dry
+        # runs) copy in the call itself, so there is no queueing to weigh against the DMA
+        self.call_s = 0.0 if gpu.ops.synchronous else CALL_S
+        self.dma_gbps = DMA_GBPS  # measured: bytes over the DMAs' own time, per step
         self._reset()
 
     def _reset(self) -> None:
@@ -78,7 +98,8 @@ class GpuLayerwise:
         self.next_copy = 0  # the next layer to copy into its blocks
         self.dma_done: list[Any] = []
         self.dma_spans: list[tuple[Any, Any]] = []  # each layer's DMA, begin and end events
-        self.dma_wall = 0.0  # a synchronous copier's own copy time (HostOps: no events)
+        self.dma_wall = 0.0  # CPU time queueing the DMAs (HostOps: the copies themselves)
+        self.dma_calls = 0
         self.freed: list[Any] = []
         self.late = 0
         self._on_done: Callable[[], None] | None = None
@@ -110,6 +131,29 @@ class GpuLayerwise:
     def fits(self, n: int) -> bool:
         """Whether ``n`` chunks fit the ring (two slabs at least) and there is a layer to overlap."""
         return len(self.layers) > 1 and n > 0 and self.gpu.load_pool.buf.numel() // self.slab_bytes(n) >= 2
+
+    def scattered(self, items: list[LoadItem]) -> bool:
+        """Whether ``items`` sit in so many runs that queueing their DMAs layer by layer would cost
+        more CPU than half of what the DMAs take (then the whole step loads at once, counted)."""
+        runs = len(runs_of(items, self.gpu.chunk_bytes))
+        extra_s = runs * (len(self.layers) - 1) * self.call_s
+        dma_s = sum(it.length for it in items) / (self.dma_gbps * 1e9)
+        if runs <= 1 or extra_s <= SCATTER_SHARE * dma_s:
+            return False
+        self.counters["load_layerwise_scattered_steps"] += 1
+        if not self._warned_scattered:
+            self._warned_scattered = True
+            log.info(
+                "infera-kvd: a %d-chunk load sits in %d separate places of the arena; layer by layer "
+                "it would queue %d DMAs (about %.1f ms of CPU against %.1f ms of DMA), so it loads "
+                "the whole step at once (counted in load_layerwise_scattered_steps)",
+                len(items),
+                runs,
+                runs * len(self.layers),
+                extra_s * 1e3,
+                dma_s * 1e3,
+            )
+        return True
 
     def hold(self, bracket: Any) -> None:
         """Keep the link's ``using`` bracket (entered by the caller) until :meth:`finish`."""
@@ -166,8 +210,8 @@ class GpuLayerwise:
         slot = self._slot(layer)
         ops.wait(gpu.h2d, self.freed[layer % self.ring])
         with ops.use(gpu.h2d):
-            t = time.perf_counter()
             begin = ops.record(gpu.h2d, timing=True)
+            t = time.perf_counter()
             for first, count, off in self.runs:
                 self.rows(
                     slot,
@@ -180,8 +224,9 @@ class GpuLayerwise:
                     count,
                     gpu.h2d,
                 )
-            end = ops.record(gpu.h2d, timing=True)
             self.dma_wall += time.perf_counter() - t
+            end = ops.record(gpu.h2d, timing=True)
+            self.dma_calls += len(self.runs)
         self.dma_done.append(end)
         self.dma_spans.append((begin, end))
         self.next_dma += 1
@@ -267,7 +312,9 @@ class GpuLayerwise:
         on_done, on_dma, hold = self._on_done, self._on_dma, self._hold
         self._hold = contextlib.ExitStack()
         complete = len(self.dma_done) == len(self.layers)
-        spans, wall = self.dma_spans, self.dma_wall
+        spans, wall, calls = self.dma_spans, self.dma_wall, self.dma_calls
+        if calls and not ops.synchronous:  # HostOps copies the bytes in the call: no queueing cost
+            self.call_s += EWMA * (wall / calls - self.call_s)
         end = self.dma_done[-1] if complete else None
         self._reset()
         gpu._count("load_dma_chunks", n)
@@ -281,6 +328,8 @@ class GpuLayerwise:
             if complete:
                 dma_s = wall if ops.synchronous else sum(ops.elapsed_ms(b, e) for b, e in spans) / 1000
                 gpu._count("load_dma_us", int(dma_s * 1e6))
+                if dma_s > 0 and not ops.synchronous:
+                    self.dma_gbps += EWMA * (total / dma_s / 1e9 - self.dma_gbps)
                 if on_dma is not None:
                     on_dma(dma_s)
             if on_done is not None:
