@@ -208,4 +208,10 @@ def test_layerwise_load_lands_each_layer_behind_its_own_dma(layout: str, slabs: 
     for i, sums in enumerate(seen):
         assert float(sums[0]) == float(want[names[i]].float().abs().sum()), "layer i landed before it ran"
         assert len(sums) == 1 or float(sums[1]) == 0.0, "layer i+1 lands only at its own wait"
+    # the step measured the two rates the scattered-step rule weighs (warm-up defaults before)
+    from infera.engine.vllm.worker.gpu.layerwise_gpu import CALL_S, DMA_GBPS
+
+    assert lw.call_s != CALL_S and 0 < lw.call_s < 1e-3, lw.call_s
+    assert lw.dma_gbps != DMA_GBPS and lw.dma_gbps > 0, lw.dma_gbps
+    print(f"layer-wise step: {lw.call_s * 1e6:.1f} us of CPU per row copy, DMA {lw.dma_gbps:.1f} GB/s (EWMA)")
     pin.detach()
