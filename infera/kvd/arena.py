@@ -22,8 +22,10 @@ import os
 import threading
 import time
 
+from infera.errors import KvdError, UsageError
 from infera.kvd.populate import MADV_POPULATE_WRITE
 from infera.kvd.protocol import SIZE_SEALS
+from infera.units import format_size
 
 ALIGN = 4096
 ARENA_SEALS = SIZE_SEALS | fcntl.F_SEAL_SEAL  # and no further seal (e.g. F_SEAL_FUTURE_WRITE) either
@@ -162,3 +164,38 @@ class Arena:
         self.view.release()
         self.map.close()
         os.close(self.fd)
+
+
+def host_memory(meminfo: str = "/proc/meminfo") -> int | None:
+    """This host's RAM (``MemTotal``) in bytes, or None where it cannot be read."""
+    try:
+        with open(meminfo) as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_fits_host(capacity: int, meminfo: str = "/proc/meminfo") -> None:
+    """Refuse an arena of more than the host's RAM before the daemon starts: it would map, then
+    die (OOM killer, or SIGBUS on a full shmem) once engines had written that much."""
+    total = host_memory(meminfo)
+    if total is not None and capacity > total:
+        raise UsageError(
+            f"--max-bytes {format_size(capacity)} is more than this host's memory ({format_size(total)})",
+            hint="give the arena part of the RAM; `kvd doctor --max-bytes SIZE` checks it against the host and its cgroup",
+        )
+
+
+def open_arena(capacity: int) -> Arena:
+    """The daemon's arena of ``capacity`` bytes (``--max-bytes``); a mapping the kernel refuses
+    (overcommit, ``ulimit -v``) is a one-line error, not a traceback."""
+    try:
+        return Arena(capacity)
+    except OSError as exc:
+        raise KvdError(
+            f"--max-bytes {format_size(capacity)}: cannot map the arena: {exc.strerror or exc}",
+            hint="check `ulimit -v` and vm.overcommit_memory, or give a smaller --max-bytes",
+        ) from None

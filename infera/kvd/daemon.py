@@ -35,8 +35,10 @@ def pin_mmap_threshold() -> bool:
 
 def run_daemon(cfg: DaemonConfig) -> int:
     """Run until SIGTERM/SIGINT. Returns the process exit status."""
+    from infera.kvd.arena import check_fits_host
     from infera.kvd.server import Server
 
+    check_fits_host(cfg.max_bytes)
     logging.basicConfig(
         level=getattr(logging, cfg.log_level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

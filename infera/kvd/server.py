@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from infera import __version__
 from infera.errors import KvdError
 from infera.kvd import protocol as P
-from infera.kvd.arena import Arena
+from infera.kvd.arena import Arena, open_arena
 from infera.kvd.config import DaemonConfig
 from infera.kvd.conn import BadRequest, Client, Reply
 from infera.kvd.netio import NetIO
@@ -84,7 +84,7 @@ class Server(NetIO, NetOut, Ops, SliceRunner):
     def start(self) -> None:
         cfg = self.cfg
         self._bind()
-        self.arena = Arena(cfg.max_bytes)
+        self.arena = open_arena(cfg.max_bytes)
         self.store = Store(self.arena.capacity, ephemeral_ttl=cfg.ephemeral_ttl)
         if cfg.prefault:
             self.arena.prefault_in_background()

@@ -171,6 +171,7 @@ def test_sigterm_shuts_down_cleanly(daemon: Daemon) -> None:
         (["--log-level", "loud"], "--log-level"),
         (["--long-backend", "floppy"], "--long-backend"),
         (["--busy-poll-us", "-5"], "--busy-poll-us"),
+        (["--max-bytes", "1000T"], "is more than this host's memory"),
     ],
 )
 def test_bad_flags_are_one_line_errors(args: list[str], needle: str, short_tmp: Path) -> None:
@@ -183,6 +184,27 @@ def test_bad_flags_are_one_line_errors(args: list[str], needle: str, short_tmp: 
     assert out.returncode == 2, out.stderr
     first = out.stderr.strip().splitlines()[0]
     assert first.startswith("error: ") and needle in first
+    assert "Traceback" not in out.stderr
+
+
+def test_an_arena_the_kernel_will_not_map_is_one_line(short_tmp: Path) -> None:
+    """Below the host's RAM but above the process's address-space limit (``ulimit -v``): the
+    mmap fails with ENOMEM, which the daemon reports in one line instead of a traceback."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    out = subprocess.run(
+        [sys.executable, "-m", "infera.kvd", "--socket", str(short_tmp / "x.sock"), "--max-bytes", "2G"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        preexec_fn=limit,
+    )
+    assert out.returncode == 1, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith(("error: ", "hint: "))]
+    assert lines[0] == "error: --max-bytes 2.0 GiB: cannot map the arena: Cannot allocate memory", out.stderr
     assert "Traceback" not in out.stderr
 
 
