@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -131,10 +132,29 @@ def connect(path: str, timeout: float | None) -> socket.socket:
             ) from None
         except OSError as exc:
             sock.close()
+            what = _not_a_socket(path)
+            if what:
+                raise KvdUnavailable(
+                    f"{path} is not a kvd socket: it is {what}",
+                    hint="give the daemon's --socket path (`kvd serve --socket PATH`, or INFERA_KVD_SOCKET)",
+                ) from None
             raise KvdUnavailable(
                 f"cannot connect to kvd at {path}: {exc.strerror or exc}",
                 hint="is the daemon running? `kvd stat --socket PATH` checks",
             ) from None
+
+
+def _not_a_socket(path: str) -> str | None:
+    """What ``path`` is when it exists and is not a socket (``a regular file``), else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISSOCK(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "a regular file" if stat.S_ISREG(mode) else "not a socket"
 
 
 def check_peer(sock: socket.socket, path: str, trust_uids: Iterable[int] | None) -> None:

@@ -64,6 +64,19 @@ def test_root_that_is_not_a_directory_is_a_usage_error(tmp_path):
     assert res.exit_code == 2 and "--root" in res.output
 
 
+def test_a_root_with_nothing_readable_is_unknown_not_fine(tmp_path):
+    """An empty (or wrong) --root gives no evidence either way: the checks that look for a
+    container or for GPUs say they could not tell, never "not in a container" or "no GPU"."""
+    checks = ["container", "kernel-p2pdma", "nvidia-gds", "cufile-config", "gpu"]
+    res = runner.invoke(
+        app, ["doctor", "--root", str(tmp_path), "--json", *(a for c in checks for a in ("-c", c))]
+    )
+    assert res.exit_code == 0, res.output
+    status = {c["id"]: (c["status"], c["summary"]) for c in json.loads(res.stdout)["checks"]}
+    assert {k: v[0] for k, v in status.items()} == dict.fromkeys(checks, "unknown"), status
+    assert str(tmp_path) in status["container"][1]
+
+
 def test_failed_check_exits_1_with_fix_lines():
     root = FIXTURES / "in-kernel-amdgpu" / "tree"
     res = runner.invoke(app, ["doctor", "--root", str(root), "-c", "kernel-p2pdma", "-c", "amdgpu-version"])

@@ -225,6 +225,16 @@ def test_unreachable_daemon_is_one_clear_error(short_tmp: Path) -> None:
     assert out.returncode == 1 and out.stderr.startswith("error: no kvd daemon") and out.stdout == ""
 
 
+def test_a_path_that_is_not_a_socket_says_what_it_is(short_tmp: Path) -> None:
+    """connect() on a regular file answers ECONNREFUSED, which read as "is the daemon running?"."""
+    plain = short_tmp / "kvd.sock"
+    plain.write_text("not a socket")
+    with pytest.raises(KvdUnavailable, match="is not a kvd socket: it is a regular file"):
+        KvdClient(str(plain))
+    with pytest.raises(KvdUnavailable, match="is not a kvd socket: it is a directory"):
+        KvdClient(str(short_tmp))
+
+
 def test_statctl_text_and_json(daemon: Daemon) -> None:
     with daemon.client(namespace="n") as c:
         c.put(b"a", b"1")

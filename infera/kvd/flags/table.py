@@ -93,7 +93,7 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "--long-path",
-        "Directory of the disk long tier (L3); needs --long-bytes.",
+        "Directory of the disk long tier (L3); the daemon takes it with --long-bytes.",
         directory,
         metavar="DIR",
         bad="",
