@@ -28,9 +28,15 @@ def needs_amd_gpu(ctx: Context) -> CheckResult | None:
 
 
 def needs_nvidia_gpu(ctx: Context) -> CheckResult | None:
-    """A skip result when there is no NVIDIA GPU (nor NVIDIA driver) to check, else None."""
+    """A skip result when there is no NVIDIA GPU (nor NVIDIA driver) to check (unknown when the
+    GPUs cannot be listed), else None."""
     inv = inventory(ctx)
     if not inv.nvidia and not ctx.host.exists("/proc/driver/nvidia/version"):
+        if inv.error:
+            return unknown(
+                f"cannot list GPUs: {inv.describe()}",
+                [Evidence(ctx.host.display("/sys/bus/pci/devices"), inv.error)],
+            )
         return skip(f"no NVIDIA GPU here ({inv.describe()})")
     return None
 

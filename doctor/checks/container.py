@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from infera.doctor.context import Context
 from infera.doctor.facts.container import detect
-from infera.doctor.model import CheckResult, ok, warn
+from infera.doctor.model import CheckResult, ok, unknown, warn
 from infera.doctor.registry import check
 
 
@@ -14,6 +14,13 @@ def container(ctx: Context) -> CheckResult:
     details = []
     if info.vm:
         details.append("also a virtual machine: " + ", ".join(f"{s.name} ({s.value})" for s in info.vm))
+    if not info.in_container and not info.looked_at:
+        return unknown(
+            "cannot tell: none of /proc/1/cgroup, /proc/1/environ, /proc/1/cmdline or "
+            f"/proc/self/mountinfo is readable under {ctx.host.root}",
+            info.evidence(),
+            details=details,
+        )
     if not info.in_container:
         where = "a virtual machine" if info.vm else "the host"
         return ok(f"not in a container: running on {where}", info.evidence(), details=details)

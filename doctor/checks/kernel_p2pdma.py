@@ -55,7 +55,7 @@ def kernel_p2pdma(ctx: Context) -> CheckResult:
             )
     inv = inventory(ctx)
     if verdict is None:
-        status = Status.SKIP if not inv.any else Status.UNKNOWN
+        status = Status.SKIP if not inv.any and not inv.error else Status.UNKNOWN
         return CheckResult(
             status,
             "no kernel config source readable (/proc/config.gz, /boot/config-*, /proc/kallsyms)",

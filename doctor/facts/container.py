@@ -56,6 +56,7 @@ class ContainerInfo:
     vm: list[Signal] = field(default_factory=list)
     notes: list[Evidence] = field(default_factory=list)
     runtime: str | None = None
+    looked_at: int = 0  # how many of the process files the signals come from could be read
 
     @property
     def strong(self) -> bool:
@@ -107,6 +108,7 @@ def _detect(ctx: Context) -> ContainerInfo:
         add("/run/.containerenv exists", "present", True, h.display("/run/.containerenv"), "podman")
 
     env1 = h.read("/proc/1/environ")
+    info.looked_at += env1.text is not None
     if env1.text is not None:
         for item in env1.text.split("\0"):
             if item.startswith("container="):
@@ -125,6 +127,7 @@ def _detect(ctx: Context) -> ContainerInfo:
         add("KUBERNETES_SERVICE_HOST set", ctx.environ["KUBERNETES_SERVICE_HOST"], False, "env", "kubernetes")
 
     cg = h.read("/proc/1/cgroup")
+    info.looked_at += cg.text is not None
     if cg.text:
         for needle, runtime in _CGROUP_RUNTIMES:
             if needle in cg.text:
@@ -145,7 +148,9 @@ def _detect(ctx: Context) -> ContainerInfo:
     if h.exists("/.dockerenv"):
         add("/.dockerenv exists", "present", False, h.display("/.dockerenv"), "docker")
 
-    root_fs = _root_fstype(h.text("/proc/self/mountinfo") or "")
+    mountinfo = h.text("/proc/self/mountinfo")
+    info.looked_at += mountinfo is not None
+    root_fs = _root_fstype(mountinfo or "")
     if root_fs == "overlay":
         add("root filesystem is overlay", "overlay", False, h.display("/proc/self/mountinfo"))
     elif root_fs:
@@ -153,7 +158,9 @@ def _detect(ctx: Context) -> ContainerInfo:
             Evidence(h.display("/proc/self/mountinfo"), f"root filesystem is {root_fs}", "file")
         )
 
-    cmd1 = (h.text("/proc/1/cmdline") or "").split("\0")[0]
+    cmdline1 = h.text("/proc/1/cmdline")
+    info.looked_at += cmdline1 is not None
+    cmd1 = (cmdline1 or "").split("\0")[0]
     if cmd1:
         base = cmd1.rsplit("/", 1)[-1]
         if base not in ("systemd", "init", "launchd", "runit", "openrc-init", "s6-svscan"):
