@@ -60,14 +60,25 @@ def rows(results: dict[str, Any], kvd_only: bool = False, tokens: int | None = N
                                 "busy_threads",
                             )
                         },
+                        "path": load_path(h),
                     }
                 )
     return out
 
 
+def load_path(hit: dict[str, Any]) -> str:
+    """How the worker moved a hit: ``layers`` (layer-wise), ``whole`` (every layer before the
+    forward), ``scattered`` (layer-wise asked, loaded whole: too many runs), ``-`` (no DMA)."""
+    if hit.get("load_layerwise_steps"):
+        return "layers"
+    if hit.get("load_layerwise_scattered_steps"):
+        return "scattered"
+    return "whole" if hit.get("load_dma_us") else "-"
+
+
 def render(table: list[dict[str, Any]]) -> str:
     head = f"{'model':<22} {'tokens':>6} {'role':<8} {'phase':<13} {'ms':>7} {'queue':>6} {'step':>7}"
-    head += f" {'lease':>6} {'load':>6} {'dma':>6} {'skip':>6}  busiest threads (ms)"
+    head += f" {'lease':>6} {'load':>6} {'dma':>6} {'path':>9} {'skip':>6}  busiest threads (ms)"
     lines = [head]
     for r in table:
         busy = ", ".join(f"{n} {ms:g}" for n, ms in (r["busy_threads"] or []) if ms)
@@ -75,7 +86,7 @@ def render(table: list[dict[str, Any]]) -> str:
         lines.append(
             f"{r['model'][:22]:<22} {r['tokens']:>6} {r['role'][:8]:<8} {r['phase'][:13]:<13} "
             f"{r['ms'] or 0:>7.1f} {'-' if q is None else f'{q:.1f}':>6} {'-' if s is None else f'{s:.1f}':>7} "
-            f"{_ms(r['load_lease_us']):>6} {_ms(r['load_us']):>6} {_ms(r['load_dma_us']):>6} "
+            f"{_ms(r['load_lease_us']):>6} {_ms(r['load_us']):>6} {_ms(r['load_dma_us']):>6} {r['path']:>9} "
             f"{'-' if r['skipped_tokens'] is None else r['skipped_tokens']:>6}  {busy}"
         )
     return "\n".join(lines)

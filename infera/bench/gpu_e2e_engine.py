@@ -177,6 +177,12 @@ LOAD_COUNTERS = (
 )
 
 
+LAYERWISE_COUNTERS = (
+    "load_layerwise_steps",
+    "load_layerwise_waits",
+    "load_layerwise_late_layers",
+    "load_layerwise_scattered_steps",
+)
 SKIPPED = tuple(f"load_skipped_slower_tokens_{t}" for t in ("ram", "disk", "distributed"))
 
 
@@ -193,7 +199,7 @@ def timed_hit(e: Engine, ids: list[int], retention: str | None = None) -> dict[s
     if kvd:
         e.poke()
         after = worker_counters(e.model["path"])
-        for k in (*LOAD_COUNTERS, "load_layerwise_waits", "load_layerwise_late_layers"):
+        for k in (*LOAD_COUNTERS, *LAYERWISE_COUNTERS):
             r[k] = after.get(k, 0) - before.get(k, 0)
         now = scheduler_counters(e.model["path"])
         for k in (*SKIPPED, "prewarm_chunks", "load_skipped_policy_tokens"):

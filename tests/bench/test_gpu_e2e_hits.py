@@ -75,6 +75,15 @@ def test_render_shows_the_split_and_dashes_for_what_a_run_did_not_record(hits: A
     assert "69.6" in partial_line and partial_line.count(" - ") >= 4  # an older run: no split
 
 
+def test_the_path_column_says_how_each_hit_was_moved(hits: Any) -> None:
+    assert hits.load_path({**HIT, "load_layerwise_steps": 1}) == "layers"
+    assert hits.load_path({**HIT, "load_layerwise_scattered_steps": 1}) == "scattered"
+    assert hits.load_path(HIT) == "whole"
+    assert hits.load_path({"ms": 69.6}) == "-"
+    line = hits.render(hits.rows(RESULTS, kvd_only=True)).splitlines()[1]
+    assert " whole " in line
+
+
 def test_cli_json_and_a_clear_error_for_a_missing_file(tmp_path: Path) -> None:
     path = tmp_path / "results.json"
     path.write_text(json.dumps(RESULTS))
