@@ -20,9 +20,10 @@ import os
 import time
 from typing import Any
 
+from infera.bench.args import at_least, size_at_least
 from infera.bench.common import machine_line, median_us, ratio_table, temp_daemon
 from infera.bench.procfs import rss_anon_bytes
-from infera.units import format_size, parse_size
+from infera.units import format_size
 
 # chunks a request on the vLLM connector's pattern: it reserves (PUT) and leases (GET) the chunks of
 # a scheduler step together; 8 chunks of 256 tokens (the RAM path's largest, infera.keyrules) are a
@@ -126,7 +127,9 @@ def kvd_gbps(c: Any, size: int, rounds: int, prefix: str = "bench", batch: int =
 
 
 def run_arena_bench(chunk_size: str, rounds: int, json_out: bool, index_chunks: int, repeats: int = 5) -> int:
-    size = parse_size(chunk_size, "--chunk-size")
+    size = size_at_least(chunk_size, "--chunk-size")
+    at_least(rounds, "--rounds")
+    at_least(index_chunks, "--index-chunks")
     arena = max(size * 64, 256 << 20)
     res: dict[str, Any] = {"machine": machine_line(), "chunk_bytes": size, "rounds": rounds}
     from infera.kvd.client import KvdClient

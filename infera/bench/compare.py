@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from infera.bench.args import at_least, executable, results_dir
+from infera.bench.args import vllm_python as check_vllm
 from infera.bench.services import REPO
 from infera.errors import KvdError, UsageError
 
@@ -142,15 +144,21 @@ def run_compare(
     bad = [p for p in parts if p not in PARTS]
     if bad:
         raise UsageError(f"--only: unknown part {', '.join(bad)}", hint=f"choose from {', '.join(PARTS)}")
+    at_least(threads, "--threads")
     preset = PRESETS["quick" if quick else "full"]
-    out_dir = Path(out or "kvd-bench-compare").resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
     docs_path = Path(docs).resolve() if docs else None
     if docs_path is not None and not docs_path.parent.is_dir():
         raise UsageError(f"--docs: {docs_path.parent} does not exist")
+    if vllm_python is not None:
+        executable(vllm_python, "--vllm-python")
     vllm_py = vllm_python or default_vllm_python()
-    if "ttft" in parts and vllm_py is None:
-        raise UsageError("no Python with vLLM found", hint="scripts/setup.sh --bench, or pass --vllm-python")
+    if "ttft" in parts:
+        if vllm_py is None:
+            raise UsageError(
+                "no Python with vLLM found", hint="scripts/setup.sh --bench, or pass --vllm-python"
+            )
+        check_vllm(vllm_py, "--vllm-python")
+    out_dir = results_dir(out or "kvd-bench-compare").resolve()
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

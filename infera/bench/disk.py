@@ -26,10 +26,12 @@ import tempfile
 import time
 from typing import Any
 
+from infera.bench.args import at_least, one_of, size_at_least
 from infera.bench.common import machine_line, ratio_table, temp_daemon
 from infera.errors import KvdError
+from infera.kvd.flags.parse import MIN_ARENA
 from infera.kvd.process import wait_until
-from infera.units import format_size, parse_size
+from infera.units import format_size
 
 NS = "bench-disk"
 READ_BATCH = 8
@@ -223,9 +225,10 @@ def start_times(long_path: str, files: int) -> dict[str, Any]:
 def run_disk_bench(
     path: str | None, chunks: int, chunk_size: str, files: int, fsync: str, json_out: bool
 ) -> int:
-    size = parse_size(chunk_size, "--chunk-size")
-    if fsync not in ("none", "data", "always"):
-        raise KvdError(f"--fsync: {fsync!r} is not one of none, data, always")
+    size = size_at_least(chunk_size, "--chunk-size")
+    at_least(chunks, "--chunks")
+    at_least(files, "--files", 0)
+    one_of(fsync, "--fsync", ("none", "data", "always"))
     parent = path or os.environ.get("TMPDIR") or "/var/tmp"
     try:
         base = tempfile.mkdtemp(prefix="kvd-bench-disk-", dir=parent)
@@ -254,7 +257,8 @@ def run_disk_bench(
         keys = [f"chunk-{i}".encode() for i in range(chunks)]
         arena = total + (64 << 20)
         daemon_args = ["--max-bytes", str(arena), "--long-path", tier]
-        daemon_args += ["--long-bytes", str(total * 2), "--fsync", fsync]
+        # room for the chunks twice over, and never below the long tier's own minimum
+        daemon_args += ["--long-bytes", str(max(total * 2, MIN_ARENA)), "--fsync", fsync]
 
         # best of ROUNDS for each side, alternating, since shared machines are noisy
         raw_w, tier_w = [], []

@@ -45,6 +45,7 @@ from typing import Any
 
 from infera import loadreport
 from infera.bench import gpu_e2e_report as report
+from infera.bench.args import above_zero, at_least, vllm_python
 from infera.bench.gpu_e2e_models import build_models
 from infera.bench.gpu_e2e_summary import summarize
 from infera.bench.ttft import prompt_lengths
@@ -136,6 +137,19 @@ def run_engine(
     return records
 
 
+def _every_engine_failed(records: list[dict[str, Any]], logdir: Path | None) -> KvdError:
+    """The one-line error of a run in which no engine measured anything: the first engine's
+    error, cut to its last line (the exception of a traceback)."""
+    errors = [r for r in records if r["_kind"] == "ERROR"]
+    first = errors[0] if errors else {"role": "?", "error": "no results and no error"}
+    lines = [ln.strip() for ln in str(first.get("error", "")).splitlines() if ln.strip()]
+    why = (lines[-1] if lines else "no error message")[:300]
+    return KvdError(
+        f"every engine failed ({len(errors)} errors); the first, engine {first.get('role', '?')}: {why}",
+        hint=f"the engine logs are in {logdir}" if logdir else "pass --out DIR to keep the engine logs",
+    )
+
+
 def run_gpu_e2e(
     python: str | None = None,
     sizes: str = "4096,16384",
@@ -153,9 +167,11 @@ def run_gpu_e2e(
     layerwise: bool = False,
     cuda_graphs: bool = False,
 ) -> dict[str, Any]:
-    python = python or sys.executable
     if load_policy not in loadreport.POLICIES:
         raise UsageError(f"--load-policy {load_policy!r} must be one of {', '.join(loadreport.POLICIES)}")
+    at_least(repeat, "--repeat")
+    at_least(timeout, "--timeout", 1.0)
+    above_zero(native_cpu_gb, "--native-cpu-gb")
     lengths = prompt_lengths(sizes, 512)
     if sweep.strip():
         lengths += prompt_lengths(
@@ -164,6 +180,7 @@ def run_gpu_e2e(
     lengths = sorted(set(lengths))
     extras = prompt_lengths(partial, 1, "--partial") if partial.strip() else []
     hybrid = prompt_lengths(gemma3_sizes, 512, flag="--gemma3-sizes") if gemma3_sizes.strip() else []
+    python = vllm_python(python, "--python")  # as bench ttft: before any daemon or engine starts
     workdir = Path(tempfile.mkdtemp(prefix="kvd-e2e-", dir="/tmp"))
     logdir = Path(out) if out else workdir
     logdir.mkdir(parents=True, exist_ok=True)
@@ -291,6 +308,8 @@ def _run(
     finally:
         daemon.stop(timeout=120)
         shutil.copy(daemon.log_path, logdir / "daemon.log") if logdir != workdir else None
+    if not any(r["_kind"] == "RESULT" for r in records):
+        raise _every_engine_failed(records, logdir if logdir != workdir else None)
     summary = summarize(records, models, ceiling, policy)
     timing = next(m["name"] for m in models if m["name"].startswith(("Llama", "small Llama")))
     summary["load_policy"] = policy

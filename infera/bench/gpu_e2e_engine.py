@@ -288,7 +288,7 @@ def run(spec: dict[str, Any], role: str) -> None:
             else:
                 out["cross"] = [timed_hit(e, P) for _ in range(R)]
             emit("RESULT", **out)
-    if role != "kvd-b":
+    if role != "kvd-b" or not engines:  # no engine came up: no disk hits, no daemon restart
         return
     print("RESTART", flush=True)
     line = sys.stdin.readline().strip()

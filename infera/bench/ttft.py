@@ -10,7 +10,6 @@ recompute``.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import operator
 import os
@@ -20,6 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from infera.bench.args import at_least, vllm_python
 from infera.errors import KvdError, UsageError
 
 
@@ -56,22 +56,6 @@ def _rate(row: dict[str, Any], what: str) -> str:
     return f"{seconds * 1e3:.0f}ms {nbytes / seconds / 1e9:.1f}GB/s"
 
 
-def _check_python(python: str) -> None:
-    if python == sys.executable:
-        if importlib.util.find_spec("vllm") is None:
-            raise UsageError(
-                "vLLM is not installed in this Python",
-                hint="pass --python with a vLLM environment, e.g. --python .venv-vllm032/bin/python",
-            )
-        return
-    probe = subprocess.run(
-        [python, "-c", "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
-        capture_output=True,
-    )
-    if probe.returncode != 0:
-        raise UsageError(f"{python} cannot import vllm", hint="point --python at a vLLM environment")
-
-
 def prompt_lengths(sizes: str, minimum: int, flag: str = "--sizes") -> list[int]:
     """The prompt lengths of a TTFT benchmark's ``--sizes`` (or ``flag``: comma-separated token
     counts), each at least ``minimum`` tokens."""
@@ -97,9 +81,11 @@ def run_ttft_bench(
     from infera.bench.common import temp_daemon
     from infera.units import format_size
 
-    python = python or sys.executable
     lengths = prompt_lengths(sizes, 256)
-    _check_python(python)
+    at_least(hidden, "--hidden", 64)  # one 64-wide attention head
+    at_least(layers, "--layers")
+    at_least(repeat, "--repeat")
+    python = vllm_python(python, "--python")
     model_dir = Path(model) if model else _default_model_dir(hidden, layers, vocab)
     kv_per_token = layers * max(1, hidden // 256) * 64 * 2 * 2
     kv_cache_bytes = max(256 << 20, 2 * kv_per_token * (max(lengths) + 1024))

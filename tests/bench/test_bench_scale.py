@@ -106,7 +106,7 @@ def test_bench_scale_out_that_is_a_file_is_a_one_line_error(tmp_path: Path) -> N
     f = tmp_path / "file"
     f.write_text("x")
     proc = _scale("--quick", "--out", str(f), timeout=60)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "--out:" in proc.stderr and "not a directory" in proc.stderr
 
 
@@ -131,5 +131,5 @@ def test_bench_scale_only_restart_measures_scan_and_snapshot(tmp_path: Path) -> 
 
 def test_bench_scale_unknown_part_is_a_one_line_error(tmp_path: Path) -> None:
     proc = _scale("--quick", "--only", "restart,bogus", "--out", str(tmp_path), timeout=60)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "--only: bogus is not one of" in proc.stderr
