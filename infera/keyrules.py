@@ -195,9 +195,37 @@ def random_seed_reason(algo: str, version: Sequence[int] | None) -> str:
     return f"hash algorithm {algo} draws a random seed per process when {SEED_ENV} is unset"
 
 
-def valid_python_hash_seed(value: str) -> bool:
-    """What Python itself accepts in PYTHONHASHSEED: ``random`` or an integer in [0, 4294967295]."""
-    return value == "random" or (value.isdigit() and int(value) <= _MAX_SEED)
+def python_hash_seed(value: str | None) -> int | None:
+    """The seed CPython takes from ``PYTHONHASHSEED``: a number, or None for a random one.
+
+    CPython (``config_init_hash_seed`` in Python/initconfig.c) treats an unset or empty variable and
+    the exact text ``random`` as "random"; anything else goes through C ``strtoul(text, &end, 10)``,
+    which must use up the whole text: leading whitespace (space, tab, newline, ``\\v``, ``\\f``,
+    ``\\r``), then one optional ``+`` or ``-``, then decimal digits (leading zeros are fine), nothing
+    after them, and at most 4294967295. A minus sign wraps the number round to a huge one, so only
+    ``-0`` passes. Raises ValueError saying why CPython refuses to start with ``value``.
+
+    vLLM reads the variable on its own and seeds its block hashes from the text, not from this
+    number (see :func:`hash_seed_mode`): ``' 0'`` and ``0`` are the same seed to Python, not to vLLM.
+    """
+    if not value or value == "random":
+        return None
+    rest = value.lstrip(" \t\n\v\f\r")
+    negative = rest.startswith("-")
+    if rest[:1] in ("+", "-"):
+        rest = rest[1:]
+    digits = len(rest) - len(rest.lstrip("0123456789"))
+    if not digits:
+        hint = " (it is lower-case and exact)" if value.strip().lower() == "random" else ""
+        raise ValueError(f"is neither 'random'{hint} nor a decimal number")
+    if rest[digits:]:
+        raise ValueError(f"has {rest[digits:]!r} after the number")
+    number = int(rest[:digits])
+    if negative and number:
+        raise ValueError("is negative")
+    if number > _MAX_SEED:
+        raise ValueError(f"is above {_MAX_SEED}")
+    return number
 
 
 def fingerprint_conflicts(clients: Iterable[C]) -> list[tuple[str, dict[str, list[C]]]]:

@@ -20,7 +20,7 @@ import yaml
 
 from infera.launch.model import Deployment, Loc
 from infera.launch.rules import REGISTRY, Context, Finding, check, lookup
-from infera.launch.rules.registry import make_finding
+from infera.launch.rules.registry import Hit, Severity, make_finding
 
 TYPES = ("shell", "env", "systemd", "yaml", "json")
 _IGNORE_RE = re.compile(r"#\s*kvd:\s*ignore\[([^\]]*)\]")
@@ -32,6 +32,21 @@ class Source:
     path: str
     text: str
     ftype: str = ""
+    #: why the file is not text (set by :func:`decode`); such a file is reported, not parsed
+    not_text: str = ""
+
+
+def decode(path: str, data: bytes, ftype: str = "") -> Source:
+    """A file's bytes as a :class:`Source`. Bytes that are not UTF-8, or hold a NUL, are no script,
+    unit, manifest or env file: :func:`read_source` reports them instead of parsing the noise."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        why = f"byte {exc.start} is not UTF-8"
+        return Source(path, data.decode("utf-8", "replace"), ftype, not_text=why)
+    if "\x00" in text:
+        return Source(path, text, ftype, not_text=f"byte {data.index(0)} is NUL")
+    return Source(path, text, ftype)
 
 
 @dataclass
@@ -111,10 +126,16 @@ def detect(path: str, text: str) -> str:
     return "shell"
 
 
-def _parse_error(path: str, line: int, col: int, message: str) -> Finding:
-    from infera.launch.rules.registry import Hit
+def _parse_error(
+    path: str, line: int, col: int, message: str, severity: Severity | None = None, fix: str | None = None
+) -> Finding:
+    return make_finding(REGISTRY["KVD000"], Hit(message, Loc(path, max(line, 1), max(col, 1)), severity, fix))
 
-    return make_finding(REGISTRY["KVD000"], Hit(message, Loc(path, max(line, 1), max(col, 1))))
+
+_NOTHING_FIX = (
+    "Lint the file you deploy: this is usually a wrong path, or the output of a step that failed "
+    "(`kubectl kustomize ... | kvd lint -`)."
+)
 
 
 _PART_RE = re.compile(r"^# ==> (\S+) <==$", re.M)
@@ -125,7 +146,15 @@ def read_source(src: Source) -> tuple[Deployment, list[Finding]]:
 
     Text that ``kvd launch --emit`` joined from several files (``# ==> NAME <==`` before each) is read
     part by part, each with the type its name says, as one deployment; line numbers stay the file's.
+    A file that is not text, or is empty, is one KVD000 finding: there is nothing in it to check.
     """
+    if src.not_text:
+        why = (
+            f"not a text file ({src.not_text}): kvd lint reads UTF-8 scripts, units, env files, YAML and JSON"
+        )
+        return Deployment(), [_parse_error(src.path, 1, 1, why, fix=_NOTHING_FIX)]
+    if not src.text.strip():
+        return Deployment(), [_parse_error(src.path, 1, 1, "empty file: nothing to check", fix=_NOTHING_FIX)]
     marks = list(_PART_RE.finditer(src.text))
     if marks and not src.ftype and marks[0].start() == 0:
         dep, errors = Deployment(), list[Finding]()
@@ -135,7 +164,7 @@ def read_source(src: Source) -> tuple[Deployment, list[Finding]]:
             part = Source(
                 src.path, pad + src.text[m.end() : end], detect(m.group(1), src.text[m.end() : end])
             )
-            d, e = _read_one(part)
+            d, e = _read_one(part, m.group(1))
             for proc in d.processes():
                 if proc.name == os.path.basename(src.path):
                     proc.name = m.group(1)
@@ -144,10 +173,12 @@ def read_source(src: Source) -> tuple[Deployment, list[Finding]]:
     return _read_one(src)
 
 
-def _read_one(src: Source) -> tuple[Deployment, list[Finding]]:
+def _read_one(src: Source, name: str = "") -> tuple[Deployment, list[Finding]]:
+    """One file (or one part of an emitted bundle, called ``name``) as the type it has or looks like."""
     from infera.launch.lint.shtok import ShellSyntaxError
 
     ftype = src.ftype or detect(src.path, src.text)
+    found: list[Finding] = []
     try:
         if ftype == "shell":
             from infera.launch.lint.shell import read_shell
@@ -158,14 +189,22 @@ def _read_one(src: Source) -> tuple[Deployment, list[Finding]]:
 
             return read_env_file(src.text, src.path), []
         if ftype == "systemd":
+            from infera.launch.lint.unitcheck import check_unit
             from infera.launch.lint.units import read_unit
 
-            return read_unit(src.text, src.path), []
+            problems = check_unit(src.text, name or os.path.basename(src.path))
+            found = [
+                _parse_error(src.path, p.line, p.col, p.message, None if p.error else Severity.WARNING)
+                for p in problems
+            ]
+            if any(p.fatal for p in problems):
+                return Deployment(), found
+            return read_unit(src.text, src.path), found
         return _read_structured(src, ftype)
     except ShellSyntaxError as exc:
         line = src.text.count("\n", 0, exc.pos) + 1
         col = exc.pos - (src.text.rfind("\n", 0, exc.pos) + 1) + 1
-        return Deployment(), [_parse_error(src.path, line, col, exc.message)]
+        return Deployment(), [*found, _parse_error(src.path, line, col, exc.message)]
 
 
 def _read_structured(src: Source, ftype: str) -> tuple[Deployment, list[Finding]]:

@@ -43,7 +43,7 @@ def run_lint(
     list_rules: bool,
     explain: str | None,
 ) -> int:
-    from infera.launch.lint import TYPES, Source, lint_sources
+    from infera.launch.lint import TYPES, decode, lint_sources
     from infera.launch.lint.report import OUTPUT_FORMATS, render
     from infera.launch.rules import Context, all_rules, lookup, parse_version
 
@@ -83,11 +83,13 @@ def run_lint(
     sources = []
     for path in _expand(files):
         if path == "-":
-            sources.append(Source(stdin_filename, sys.stdin.read(), ftype or ""))
+            stdin = getattr(sys.stdin, "buffer", None)
+            data = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8", "surrogateescape")
+            sources.append(decode(stdin_filename, data, ftype or ""))
             continue
         try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                sources.append(Source(path, fh.read(), ftype or ""))
+            with open(path, "rb") as fh:
+                sources.append(decode(path, fh.read(), ftype or ""))
         except OSError as exc:
             raise UsageError(f"cannot read {path}: {exc.strerror}") from None
     result = lint_sources(
@@ -105,17 +107,25 @@ LINTABLE = (".sh", ".bash", ".service", ".env", ".yaml", ".yml", ".json")
 
 
 def _expand(paths: list[str]) -> list[str]:
-    """Files as given; a directory becomes the lintable files under it (hidden entries skipped)."""
+    """Files as given; a directory becomes the lintable files under it (hidden entries skipped), and a
+    directory with none is a usage error: a wrong path in CI must not pass as "no problems"."""
     out: list[str] = []
     for path in paths:
         if path != "-" and os.path.isdir(path):
+            found = []
             for root, dirs, names in os.walk(path):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                out += [
+                found += [
                     os.path.join(root, n)
                     for n in sorted(names)
                     if n.endswith(LINTABLE) and not n.startswith(".")
                 ]
+            if not found:
+                raise UsageError(
+                    f"nothing lintable under {path}: no {' '.join('*' + ext for ext in LINTABLE)} files"
+                    " (hidden ones skipped)"
+                )
+            out += found
         else:
             out.append(path)
     return out

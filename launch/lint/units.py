@@ -25,7 +25,7 @@ _C_ESCAPES = {
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def _logical_lines(text: str) -> list[tuple[str, list[tuple[int, int]]]]:
+def logical_lines(text: str) -> list[tuple[str, list[tuple[int, int]]]]:
     """Unit-file lines with backslash continuations joined; each char keeps its (line, col)."""
     out: list[tuple[str, list[tuple[int, int]]]] = []
     buf: list[str] = []
@@ -123,7 +123,7 @@ def read_unit(text: str, path: str) -> Deployment:
     section = ""
     name = os.path.basename(path)
     execs: list[tuple[list[Word], Loc]] = []
-    for text_line, pos in _logical_lines(text):
+    for text_line, pos in logical_lines(text):
         s = text_line.strip()
         if s.startswith("[") and s.endswith("]"):
             section = s[1:-1]

@@ -15,7 +15,7 @@ from infera.keyrules import (
     chunk_setting,
     fixed_seed_release,
     hash_seed_mode,
-    valid_python_hash_seed,
+    python_hash_seed,
 )
 from infera.launch.model import Deployment, Leg
 from infera.launch.rules.registry import Context, Hit, Severity, rule
@@ -36,6 +36,16 @@ def _seed_state(leg: Leg) -> str | None:
     return "<unset>" if leg.env_complete else None
 
 
+def _same_to_python(a: str, b: str) -> str:
+    """A note when two different texts are one seed to Python (vLLM hashes the text, so they differ)."""
+    try:
+        seed = python_hash_seed(a)
+        same = seed is not None and seed == python_hash_seed(b)
+    except ValueError:
+        return ""
+    return f" (both are seed {seed} to Python, but vLLM seeds its block hashes from the text)" if same else ""
+
+
 @rule(
     "KVD301",
     "hash-seed-mismatch",
@@ -53,7 +63,13 @@ def hash_seed(dep: Deployment, ctx: Context) -> Iterator[Hit]:
     * unset on every leg: **error** with `--vllm-version` 0.28 or older, or with
       `--prefix-caching-hash-algo xxhash*`; a **warning** when the vLLM version is unknown; fine on
       0.29 or later with the default `sha256`;
-    * a value Python itself rejects (not `random` or an integer up to 4294967295): **error**.
+    * a value Python itself refuses to start with: **error**. Python takes an empty value or `random`
+      (a random seed), or a decimal integer up to 4294967295 that may have leading whitespace, a `+`
+      and leading zeros; it refuses trailing spaces, `0x10`, `1_000`, a negative number (`-0` passes)
+      and a number above 4294967295.
+
+    Values are compared as text, because vLLM seeds its hashes from the text: `PYTHONHASHSEED=' 0'`,
+    `=+0` and `=0` are one seed to Python and three to vLLM, and an empty value counts as set.
 
     ## Why it matters
     vLLM seeds the chain of block hashes from `PYTHONHASHSEED`, and kvd's chunk keys are those hashes.
@@ -83,10 +99,14 @@ def hash_seed(dep: Deployment, ctx: Context) -> Iterator[Hit]:
     legs = _keyed_legs(dep)
     states = [(leg, _seed_state(leg)) for leg in legs]
     for leg, st in states:
-        if st not in (None, "<unset>") and not valid_python_hash_seed(st):
+        if st in (None, "<unset>"):
+            continue
+        try:
+            python_hash_seed(st)
+        except ValueError as exc:
             yield Hit(
-                f"PYTHONHASHSEED={st!r} on leg {leg.name!r} is not 'random' or an integer in [0, 4294967295]: "
-                "Python refuses to start",
+                f"PYTHONHASHSEED={st!r} on leg {leg.name!r} {exc}: Python refuses to start "
+                "(it takes 'random' or a decimal integer in [0, 4294967295])",
                 leg.where_env(SEED),
             )
     known = [(leg, st) for leg, st in states if st is not None]
@@ -100,15 +120,17 @@ def hash_seed(dep: Deployment, ctx: Context) -> Iterator[Hit]:
             if leg is ref_leg:
                 continue
             if st == "<unset>":
+                note = " (vLLM counts an empty value as set)" if ref == "" else ""
                 yield Hit(
-                    f"PYTHONHASHSEED is unset on leg {leg.name!r} but {ref} on {ref_leg.name!r}: "
+                    f"PYTHONHASHSEED is unset on leg {leg.name!r} but {ref!r} on {ref_leg.name!r}{note}: "
                     "the legs compute different block hashes and reuse silently misses",
                     leg.where(),
                 )
             elif len(values) > 1 and st != ref:
                 yield Hit(
-                    f"PYTHONHASHSEED={st} on leg {leg.name!r} but {ref} on {ref_leg.name!r}: "
-                    "the legs compute different block hashes and reuse silently misses",
+                    f"PYTHONHASHSEED={st!r} on leg {leg.name!r} but {ref!r} on {ref_leg.name!r}"
+                    f"{_same_to_python(st, ref)}: the legs compute different block hashes and reuse "
+                    "silently misses",
                     leg.where_env(SEED),
                 )
         return
