@@ -141,6 +141,9 @@ _NOTHING_FIX = (
 _PART_RE = re.compile(r"^# ==> (\S+) <==$", re.M)
 
 
+_MAY_BE_EMPTY = ("shell", "env")  # an empty script or env file is valid; empty YAML, JSON or a unit is not
+
+
 def read_source(src: Source) -> tuple[Deployment, list[Finding]]:
     """The deployment a file describes, or a KVD000 finding when it cannot be parsed.
 
@@ -153,7 +156,9 @@ def read_source(src: Source) -> tuple[Deployment, list[Finding]]:
             f"not a text file ({src.not_text}): kvd lint reads UTF-8 scripts, units, env files, YAML and JSON"
         )
         return Deployment(), [_parse_error(src.path, 1, 1, why, fix=_NOTHING_FIX)]
-    if not src.text.strip():
+    if not src.text.strip() and (
+        src.path == "-" or (src.ftype or detect(src.path, src.text)) not in _MAY_BE_EMPTY
+    ):
         return Deployment(), [_parse_error(src.path, 1, 1, "empty file: nothing to check", fix=_NOTHING_FIX)]
     marks = list(_PART_RE.finditer(src.text))
     if marks and not src.ftype and marks[0].start() == 0:
