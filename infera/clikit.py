@@ -8,6 +8,10 @@
   vanishes; this escapes every help text of an app in one place, so help strings are plain text.
 * :func:`socket_option`: ``--socket`` of the tools that talk to a running daemon, with the daemon's
   default and environment variable in its help.
+* :class:`OneLineGroup`, :class:`OneLineCommand`: a command-line mistake Typer catches itself (an
+  unknown option, ``--port abc``, a missing value) is one ``error:`` line naming the option, exit 2,
+  like every other usage error, instead of Typer's usage text and box. A command opts in with
+  ``typer.Typer(cls=OneLineGroup)`` or ``app.command(cls=OneLineCommand)``.
 """
 
 from __future__ import annotations
@@ -18,9 +22,23 @@ from collections.abc import Callable
 from typing import Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 from typer.models import ParameterInfo
 
-from infera.errors import KvdError
+from infera.errors import KvdError, UsageError
+
+try:  # Typer >= 0.26 carries its own copy of click
+    from typer._click.exceptions import BadParameter, NoArgsIsHelpError, NoSuchOption
+    from typer._click.exceptions import UsageError as ClickUsageError
+except ImportError:  # pragma: no cover - older Typer uses click itself
+    from click.exceptions import (  # type: ignore[no-redef,import-not-found,unused-ignore]
+        BadParameter,
+        NoArgsIsHelpError,
+        NoSuchOption,
+    )
+    from click.exceptions import (  # type: ignore[no-redef,import-not-found,unused-ignore,assignment]
+        UsageError as ClickUsageError,
+    )
 
 _BRACKET = re.compile(r"(?<!\\)\[")
 
@@ -130,3 +148,64 @@ def socket_option(what: str = "Daemon socket.") -> Any:
         show_default=False,
         help=f"{what} [default: {flag.default_text}]",
     )
+
+
+# -- Typer's own usage errors as one line ------------------------------------------------------------
+
+# what Typer's type conversion says (pydantic error types) -> what the value is not
+_NOT_A = {"int_parsing": "a whole number", "float_parsing": "a number", "bool_parsing": "true or false"}
+
+
+def usage_error(err: Any) -> UsageError:
+    """A click/Typer usage error as our one-line :class:`UsageError` (with the help command as hint)."""
+    ctx = getattr(err, "ctx", None)
+    hint = f"`{ctx.command_path} --help` shows the usage" if ctx is not None else None
+    if isinstance(err, NoSuchOption):
+        near = sorted(err.possibilities or ())
+        return UsageError(
+            f"no such option: {err.option_name}",
+            hint=f"did you mean {' or '.join(near)}?" if near else hint,
+        )
+    param = getattr(err, "param", None)
+    if isinstance(err, BadParameter) and param is not None:
+        name = max(getattr(param, "opts", None) or [str(param.name)], key=len)
+        cause = getattr(err.__cause__, "errors", None)
+        first = cause()[0] if callable(cause) and cause() else None
+        if first is not None and first.get("type") in _NOT_A:
+            return UsageError(f"{name}: {first.get('input')!r} is not {_NOT_A[first['type']]}", hint=hint)
+        return UsageError(f"{name}: {_sentence(err.message)}", hint=hint)
+    return UsageError(_sentence(err.format_message()), hint=hint)
+
+
+def _sentence(text: str) -> str:
+    """Click's message as our one line: joined, lower-case start (unless an acronym), no final dot."""
+    line = " ".join(str(text).split()).rstrip(".")
+    if len(line) > 1 and line[0].isupper() and not line[1].isupper():
+        line = line[0].lower() + line[1:]
+    return line
+
+
+def _one_line(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except NoArgsIsHelpError:  # `kvd launch` alone prints its help, as Typer does
+        raise
+    except ClickUsageError as err:
+        fail(usage_error(err))
+
+
+class OneLineCommand(TyperCommand):
+    """A Typer command whose option errors are one ``error:`` line (exit 2)."""
+
+    def make_context(self, info_name: Any, args: Any, parent: Any = None, **extra: Any) -> Any:
+        return _one_line(lambda: super(OneLineCommand, self).make_context(info_name, args, parent, **extra))
+
+
+class OneLineGroup(TyperGroup):
+    """A Typer group whose option errors, and those of every command under it, are one line (exit 2)."""
+
+    def make_context(self, info_name: Any, args: Any, parent: Any = None, **extra: Any) -> Any:
+        return _one_line(lambda: super(OneLineGroup, self).make_context(info_name, args, parent, **extra))
+
+    def invoke(self, ctx: Any) -> Any:
+        return _one_line(lambda: super(OneLineGroup, self).invoke(ctx))

@@ -7,16 +7,17 @@ result once more before anything is printed.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 from infera.errors import UsageError
 from infera.kvd import flags
 from infera.kvd.flags import FlagValues
-from infera.launch import ktc
+from infera.launch import ktc, values
 from infera.launch import router as vrouter
+from infera.launch.argv import parse_flags
 from infera.launch.model import KTC_FLAG, Daemon, Deployment, Leg, ktc_json
 from infera.launch.spec import DAEMON_MODULE, ENGINE_MODULE
 
@@ -35,6 +36,8 @@ OWNED_ENGINE_FLAGS = {
     "--request-transport",
     "--kv-event-transport",
     "--kvd-socket-path",
+    "--enable-prefix-caching",
+    "--no-enable-prefix-caching",
 }
 
 
@@ -56,7 +59,7 @@ class LaunchOptions:
     request_transport: str = "http"
     kv_event_transport: str = "zmq"
     router: bool = True  # pd: also write vllm-router's command (--no-router: bring your own)
-    router_port: int = vrouter.DEFAULT_PORT
+    router_port: int | None = None  # None: vrouter.DEFAULT_PORT (given with --no-router: refused)
     transfer_protocol: str | None = None  # pd: kv_connector_extra_config.mooncake_protocol (tcp, rdma)
     hash_seed: str = "0"
     prewarm: bool = False
@@ -101,12 +104,10 @@ REQUIRED = {
 
 
 def _check_required(o: LaunchOptions) -> None:
-    """Every missing required option in one error (not one per run)."""
-    missing = [
-        (flag, what)
-        for flag, attr, what in REQUIRED.get(o.kind, [])
-        if getattr(o, attr) is None or not str(getattr(o, attr)).strip()
-    ]
+    """Every missing required option in one error (not one per run); one given empty is named as such."""
+    for flag, attr, what in REQUIRED.get(o.kind, []):
+        values.not_empty(getattr(o, attr), flag, what)
+    missing = [(flag, what) for flag, attr, what in REQUIRED.get(o.kind, []) if getattr(o, attr) is None]
     if len(missing) == 1:
         raise UsageError(f"{missing[0][0]} is required: {missing[0][1]}")
     if missing:
@@ -123,40 +124,63 @@ def _need(value: str | None, flag: str, what: str) -> str:
     return str(value).strip()
 
 
-def _port(value: int, flag: str) -> str:
-    if not 0 < int(value) < 65536:
-        raise UsageError(f"{flag}: {value} is not a TCP port")
-    return str(int(value))
+def daemon_flags_written(given: FlagValues) -> frozenset[str]:
+    """The daemon flags ``kvd launch`` writes into the daemon's command itself: the ones it always
+    spells out and every one given as an option. ``--daemon-arg`` may not give these again."""
+    return frozenset(f.name for f in flags.FLAGS if f.name in ALWAYS or f.name in given.given)
 
 
-def _routable(host: str, flag: str) -> str:
-    bad = host.lower() in ("localhost", "0.0.0.0", "::")
-    try:
-        addr = ipaddress.ip_address(host)
-        bad = bad or addr.is_loopback or addr.is_unspecified
-    except ValueError:
-        pass
-    if bad:
-        raise UsageError(
-            f"{flag}: {host} is not routable from another host",
-            hint="use the address the other leg reaches this host on",
-        )
-    return host
-
-
-def _daemon(o: LaunchOptions) -> Daemon:
-    """The daemon's command: its flags checked by the daemon's own table, plus launch's absolute paths."""
-    if not o.socket.startswith("/"):
-        raise UsageError(f"--socket: {o.socket!r} is not an absolute path")
-    flags.check(o.daemon).raise_first()
-    if o.long_path is not None and not o.long_path.startswith("/"):
-        raise UsageError(f"--long-path: {o.long_path!r} is not an absolute path")
+def _daemon(o: LaunchOptions) -> tuple[Daemon, FlagValues]:
+    """The daemon's command and its values: its flags checked by the daemon's own table, plus
+    launch's absolute paths. ``--daemon-arg`` flags are written as given, after the table has
+    checked the whole set."""
+    values.absolute_path(o.socket, "--socket")
+    written = daemon_flags_written(o.daemon)
+    merged = _with_daemon_args(o.daemon, o.daemon_args, written)
+    flags.check(merged).raise_first()
+    if o.long_path is not None:
+        values.absolute_path(o.long_path, "--long-path")
     argv = [_python(o), *DAEMON_MODULE]
     for f in flags.FLAGS:
-        if f.name in ALWAYS or f.name in o.daemon.given:
+        if f.name in written:
             argv += f.argv(o.daemon.get(f.dest))
     argv += o.daemon_args
-    return Daemon(name="kvd", argv=argv, args_start=3)
+    return Daemon(name="kvd", argv=argv, args_start=3), merged
+
+
+def _with_daemon_args(given: FlagValues, args: list[str], written: frozenset[str]) -> FlagValues:
+    """The daemon's values with the ``--daemon-arg`` flags added, for the table's checks. A flag that
+    kvd launch writes itself (``written``), one the daemon does not have, or a stray word is refused."""
+    merged: dict[str, Any] = dict(given.values)
+    names = set(given.given)
+    uses = parse_flags(args, 0, flags.SWITCHES)
+    taken = {u.index for u in uses} | {u.value_index for u in uses}
+    stray = next((a for i, a in enumerate(args) if i not in taken), None)
+    if stray is not None:
+        raise UsageError(f"--daemon-arg {stray!r}: not a daemon flag (write --daemon-arg=--name=value)")
+    for use in uses:
+        f = flags.BY_NAME.get(use.name)
+        if f is None:
+            raise UsageError(
+                f"--daemon-arg {use.name}: the daemon has no such flag",
+                hint="`kvd launch single --help` lists the daemon's flags under Daemon",
+            )
+        if f.name in written:
+            raise UsageError(
+                f"--daemon-arg {f.name}: kvd launch sets this flag itself; use its own option {f.name}"
+            )
+        if f.kind == "switch":
+            if use.value is not None:
+                raise UsageError(f"--daemon-arg {f.name}: this switch takes no value")
+            merged[f.dest] = True
+        elif use.value is None:
+            raise UsageError(f"--daemon-arg {f.name}: needs a value ({f.name}=VALUE)")
+        elif f.kind == "list":
+            merged[f.dest] = [*(merged.get(f.dest) or []), use.value]
+        else:
+            merged[f.dest] = use.value
+        names.add(f.name)
+    return FlagValues(merged, frozenset(names))
 
 
 def _python(o: LaunchOptions) -> str:
@@ -166,10 +190,34 @@ def _python(o: LaunchOptions) -> str:
 def _seed_env(o: LaunchOptions) -> dict[str, str | None]:
     seed = o.hash_seed.strip().lower()
     if seed == "none":
+        _check_unset_seed(o)
         return {}
     if not (seed.isdigit() and int(seed) <= 4294967295):
         raise UsageError(f"--hash-seed: {o.hash_seed!r} is not an integer in [0, 4294967295] or 'none'")
     return {"PYTHONHASHSEED": seed}
+
+
+def _check_unset_seed(o: LaunchOptions) -> None:
+    """``--hash-seed none`` where vLLM seeds every process randomly, which KVD301 reports as an error
+    (its reasoning, from :mod:`infera.keyrules`): ``--vllm-version`` 0.28 or older, or a hash
+    algorithm that is not seeded with a constant (``--engine-arg=--prefix-caching-hash-algo=xxhash``)."""
+    from infera.keyrules import (
+        DEFAULT_HASH_ALGO,
+        HASH_ALGO_FLAG,
+        fixed_seed_release,
+        hash_seed_mode,
+        random_seed_reason,
+    )
+
+    version = values.vllm_version(o.vllm_version)
+    uses = [u for u in parse_flags(o.engine_args, 0) if u.name == HASH_ALGO_FLAG]
+    algo = (uses[-1].value if uses else None) or DEFAULT_HASH_ALGO
+    if hash_seed_mode(None, algo, fixed_seed_release(version)) == "random":
+        raise UsageError(
+            f"--hash-seed none: {random_seed_reason(algo, version)}, so keys change on every restart "
+            "and no two engines share them",
+            hint="use --hash-seed 0 (right on every vLLM version)",
+        )
 
 
 def _kvd_env(o: LaunchOptions) -> dict[str, str | None]:
@@ -211,7 +259,9 @@ def build(o: LaunchOptions) -> Deployment:
     """The deployment for ``o``; raises UsageError naming every missing flag, or the first bad one."""
     _check_required(o)
     model = _need(o.model, "--model", "the model the engines serve (a Hugging Face id or a local path)")
-    daemon = _daemon(o)
+    values.vllm_version(o.vllm_version)
+    host = values.host(o.host, "--host")
+    daemon, daemon_values = _daemon(o)
     seed = _seed_env(o)
     extra = _engine_args(o)
     prewarm = ["--kvd-socket-path", o.socket] if o.prewarm else []
@@ -219,53 +269,82 @@ def build(o: LaunchOptions) -> Deployment:
         kind=o.kind, python=_python(o), image=o.image, vllm_version=o.vllm_version, daemons=[daemon]
     )
     if o.kind == "single":
-        flags = ["--model", model, "--port", _port(o.port, "--port"), "--host", o.host, *prewarm, *extra]
+        port = str(values.tcp_port(o.port, "--port"))
+        _port_clash(daemon_values, host, [(host, port, "--port", "the engine")])
+        flags = ["--model", model, "--port", port, "--host", host, *prewarm, *extra]
         flags.append("--enable-prefix-caching")
         dep.legs.append(_leg(o, "engine", "single", {**seed, **_kvd_env(o)}, flags, ktc.single_config()))
         return dep
     if o.kind != "pd":
         raise UsageError(f"unknown deployment kind {o.kind!r}")
-    etcd = _need(o.etcd, "--etcd", "the etcd endpoint both legs register in, as HOST:PORT")
-    if not re.fullmatch(r"[^\s:/]+:\d{1,5}", etcd) and not re.fullmatch(r"\[[0-9a-fA-F:]+\]:\d{1,5}", etcd):
-        raise UsageError(f"--etcd: {etcd!r} is not HOST:PORT")
-    p_host = _routable(
+    return _build_pd(o, dep, daemon_values, model, host, seed, prewarm, extra)
+
+
+def _build_pd(
+    o: LaunchOptions,
+    dep: Deployment,
+    daemon_values: FlagValues,
+    model: str,
+    host: str,
+    seed: dict[str, str | None],
+    prewarm: list[str],
+    extra: list[str],
+) -> Deployment:
+    """The prefill and decode legs (and the router) of ``kvd launch pd``."""
+    from infera.discovery.record import check_backend
+
+    etcd = values.endpoint(_need(o.etcd, "--etcd", "the etcd endpoint"), "--etcd")
+    p_host = values.routable(
         _need(o.advertise_host, "--advertise-host", "the prefill host's routable address"), "--advertise-host"
     )
-    d_host = _routable(o.decode_advertise_host or p_host, "--decode-advertise-host")
-    for flag, val in (
-        ("--discovery-backend", o.discovery_backend),
-        ("--request-transport", o.request_transport),
-        ("--kv-event-transport", o.kv_event_transport),
-    ):
-        _need(val, flag, "a transport name")
-    pd_flags = [
-        "--etcd-endpoint",
-        etcd,
-        "--discovery-backend",
-        o.discovery_backend,
-        "--request-transport",
-        o.request_transport,
-        "--kv-event-transport",
-        o.kv_event_transport,
+    d_host = values.routable(o.decode_advertise_host or p_host, "--decode-advertise-host")
+    check_backend(values.name(o.discovery_backend, "--discovery-backend"))
+    pd_flags = ["--etcd-endpoint", etcd, "--discovery-backend", o.discovery_backend.strip()]
+    pd_flags += ["--request-transport", values.name(o.request_transport, "--request-transport")]
+    pd_flags += ["--kv-event-transport", values.name(o.kv_event_transport, "--kv-event-transport")]
+    p_port = str(values.tcp_port(o.prefill_port, "--prefill-port"))
+    d_port = str(values.tcp_port(o.decode_port, "--decode-port"))
+    if not o.router and o.router_port is not None:
+        raise UsageError(
+            "--router-port is the router's port, but --no-router leaves the router out; keep one"
+        )
+    router_port = values.tcp_port(o.router_port or vrouter.DEFAULT_PORT, "--router-port")
+    listening: list[tuple[str, Any, str, str]] = [
+        (p_host, p_port, "--prefill-port", "the prefill leg"),
+        (d_host, d_port, "--decode-port", "the decode leg"),
     ]
-    p_flags = ["--model", model, "--port", _port(o.prefill_port, "--prefill-port"), "--host", o.host]
+    if o.router and p_host == d_host:  # where the router runs is yours to pick; on the legs' host it must fit
+        listening.append((p_host, router_port, "--router-port", "the router"))
+    _port_clash(daemon_values, p_host, listening)
+    p_flags = ["--model", model, "--port", p_port, "--host", host]
     p_flags += ["--advertise-host", p_host, *pd_flags, *prewarm, *extra, "--enable-prefix-caching"]
     p_env = {**seed, **_kvd_env(o), "VLLM_HOST_IP": p_host}
     proto = _protocol(o.transfer_protocol)
     dep.legs.append(_leg(o, "prefill", "prefill", p_env, p_flags, ktc.prefill_config(proto)))
-    d_flags = ["--model", model, "--port", _port(o.decode_port, "--decode-port"), "--host", o.host]
+    d_flags = ["--model", model, "--port", d_port, "--host", host]
     d_flags += ["--advertise-host", d_host, *pd_flags, *extra]
     dep.legs.append(
         _leg(o, "decode", "decode", {**seed, "VLLM_HOST_IP": d_host}, d_flags, ktc.decode_config(proto))
     )
     if o.router:
-        port = int(_port(o.router_port, "--router-port"))
-        if port in (o.prefill_port, o.decode_port) and p_host == d_host:
-            raise UsageError(f"--router-port: {port} is taken by a leg on the same host")
-        prefill_url = vrouter.url(p_host, o.prefill_port)
-        decode_url = vrouter.url(d_host, o.decode_port)
-        dep.routers.append(vrouter.build(_python(o), o.host, port, prefill_url, decode_url))
+        prefill_url = vrouter.url(p_host, p_port)
+        decode_url = vrouter.url(d_host, d_port)
+        dep.routers.append(vrouter.build(_python(o), host, router_port, prefill_url, decode_url))
     return dep
+
+
+def _port_clash(daemon: FlagValues, host: str, ports: list[tuple[str, Any, str, str]]) -> None:
+    """Refuse two listeners on one port of one host. ``host`` runs the daemon (its ``--metrics-port``)
+    and the first engine, and for ``pd`` the prefill leg's Mooncake bootstrap server (vLLM's port,
+    which the router's ``--prefill URL 8998`` names)."""
+    fixed: list[tuple[str, Any, str, str]] = []
+    if any(flag == "--prefill-port" for _, _, flag, _ in ports):
+        owner = "the prefill leg's Mooncake bootstrap server (vLLM's default port)"
+        fixed.append((host, vrouter.DEFAULT_BOOTSTRAP, "", owner))
+    metrics = daemon.get("metrics_port")
+    if metrics:
+        fixed.append((host, metrics, "--metrics-port", "the daemon's --metrics-port"))
+    values.port_clash([*fixed, *ports])
 
 
 def _protocol(value: str | None) -> str | None:

@@ -13,11 +13,13 @@ from typing import Any
 
 import typer
 
+from infera.clikit import OneLineCommand, OneLineGroup
 from infera.kvd.flagopts import ToolDefault, flatten, options
 from infera.kvd.flags import FlagValues
 from infera.launch.emit import Output
 
 launch_app = typer.Typer(
+    cls=OneLineGroup,
     help="Print, write or run validated kvd daemon + vLLM engine commands (shell, json, env, systemd, k8s, compose).",
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -53,7 +55,21 @@ OUTPUT_OPTIONS = [
         ),
         bool,
     ),
-    _param("out", typer.Option(None, "--out", help="Write the files into DIR."), str),
+    _param(
+        "out",
+        typer.Option(None, "--out", metavar="DIR", help="Write the files into DIR (created if missing)."),
+        str,
+    ),
+    _param(
+        "force",
+        typer.Option(
+            False,
+            "--force",
+            help="With --out or --save-spec: replace files that hold something else "
+            "(without it such a file is an error; the same content is always fine).",
+        ),
+        bool,
+    ),
     _param(
         "run", typer.Option(False, "--run", help="Run the shell format now (replaces this process)."), bool
     ),
@@ -62,14 +78,17 @@ OUTPUT_OPTIONS = [
         typer.Option(
             "all",
             "--part",
-            help="With --run: which part to start (all, kvd, or a leg name: engine, prefill, decode).",
+            help="With --run: which part to start (all, kvd, or a leg name: engine, prefill, decode, router).",
         ),
         str,
     ),
     _param(
         "save_spec",
         typer.Option(
-            None, "--save-spec", help="Also save the deployment as a spec file (.yaml/.yml or .json)."
+            None,
+            "--save-spec",
+            metavar="FILE",
+            help="Also save the deployment as a spec file; its suffix (.yaml, .yml or .json) picks the format.",
         ),
         str,
     ),
@@ -94,7 +113,7 @@ OUTPUT_OPTIONS.append(
         bool,
     )
 )
-with_output = flatten(OUTPUT_OPTIONS, into="output", make=lambda values, given: Output(**values))
+with_output = flatten(OUTPUT_OPTIONS, into="output", make=lambda values, given: Output(**values, given=given))
 with_daemon = flatten(options(env=False, defaults=LAUNCH_DEFAULTS, panel=DAEMON_PANEL), into="daemon")
 
 
@@ -125,7 +144,7 @@ def launch_main(
         return
 
     def go() -> int:
-        from infera.launch.spec import load_spec
+        from infera.launch.specfile import load_spec
 
         dep = load_spec(spec)
         dep.image = image or dep.image
@@ -251,7 +270,12 @@ def launch_pd(
     router: bool = typer.Option(
         True, "--router/--no-router", help="Also write vllm-router's command (--no-router: you run your own)."
     ),
-    router_port: int = typer.Option(8000, "--router-port", help="Port the router serves clients on."),
+    router_port: int = typer.Option(
+        None,
+        "--router-port",
+        help="Port the router serves clients on [default: 8000].",
+        show_default=False,
+    ),
     transfer_protocol: str = typer.Option(
         None,
         "--transfer-protocol",
@@ -338,4 +362,4 @@ def lint(
 
 def register(app: typer.Typer) -> None:
     app.add_typer(launch_app, name="launch")
-    app.command("lint")(lint)
+    app.command("lint", cls=OneLineCommand)(lint)

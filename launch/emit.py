@@ -27,23 +27,45 @@ class Output:
     save_spec: str | None = None
     vllm: bool = False
     prometheus: bool = False
+    force: bool = False
+    given: frozenset[str] = frozenset()  # the options typed on the command line
+
+    def check(self) -> str:
+        """Refuse options that contradict each other or say nothing; returns the format."""
+        from infera.errors import UsageError
+        from infera.launch.render import FORMATS
+        from infera.launch.specfile import check_save_path
+
+        fmt = "json" if self.json_out else self.fmt
+        if self.json_out and "--format" in self.given and self.fmt != "json":
+            raise UsageError(f"--json is --format json, but --format {self.fmt} is given too; keep one")
+        if fmt not in FORMATS:
+            raise UsageError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+        if self.run and fmt != "shell":
+            raise UsageError("--run runs the shell format; drop --format or use --format shell")
+        if "--part" in self.given and not self.run:
+            raise UsageError("--part picks what --run starts; add --run, or drop --part")
+        if self.force and self.out is None and self.save_spec is None:
+            raise UsageError("--force lets --out and --save-spec replace files; it does nothing without them")
+        if self.out is not None and not self.out.strip():
+            raise UsageError("--out is empty: give the directory to write the files into")
+        check_save_path(self.save_spec)
+        return fmt
 
 
 def emit(dep: Deployment, o: Output) -> int:
     """Check ``dep`` against every rule, then save, print, write or run it. Returns the exit status."""
-    from infera.errors import KvdError, UsageError
-    from infera.launch.render import FORMATS, join_files, render
-    from infera.launch.rules import Context, check, parse_version
-    from infera.launch.spec import save_spec as write_spec
+    from infera.errors import KvdError
+    from infera.launch import values
+    from infera.launch.render import join_files, render
+    from infera.launch.rules import Context, check
+    from infera.launch.specfile import spec_text
 
-    fmt = "json" if o.json_out else o.fmt
-    if fmt not in FORMATS:
-        raise UsageError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
-    if o.run and fmt != "shell":
-        raise UsageError("--run runs the shell format; drop --format or use --format shell")
+    fmt = o.check()
     if o.vllm:
         _need_vllm()
-    findings = check(dep, Context(vllm_version=parse_version(dep.vllm_version), use_vllm=o.vllm))
+    version = values.vllm_version(dep.vllm_version)
+    findings = check(dep, Context(vllm_version=version, use_vllm=o.vllm))
     for f in findings:
         where = f"{f.path}:{f.line}:{f.col} " if f.loc else ""
         typer.echo(f"{where}{f.code} [{f.severity}] {f.message}\n  fix: {f.fix}", err=True)
@@ -53,9 +75,6 @@ def emit(dep: Deployment, o: Output) -> int:
             f"the deployment breaks {len(errors)} rule(s); nothing was written",
             hint="change the options or the spec as the findings say",
         )
-    if o.save_spec:
-        write_spec(dep, o.save_spec)
-        typer.echo(f"wrote {o.save_spec}", err=True)
     files = render(dep, fmt)
     if fmt == "systemd":
         _warn_relative_exec(dep)
@@ -63,20 +82,14 @@ def emit(dep: Deployment, o: Output) -> int:
         from infera.launch.scrape import FILE, scrape_config
 
         files[FILE] = scrape_config(dep)
+    writes: list[tuple[str, str, str]] = []  # (flag, path, text): checked together, then written
+    if o.save_spec:
+        writes.append(("--save-spec", o.save_spec, spec_text(dep, o.save_spec)))
     if o.out:
         import os
 
-        try:
-            os.makedirs(o.out, exist_ok=True)
-            for name, text in files.items():
-                path = os.path.join(o.out, name)
-                with open(path, "w", encoding="utf-8") as fh:
-                    fh.write(text)
-                if name.endswith(".sh"):
-                    os.chmod(path, 0o755)
-                typer.echo(f"wrote {path}", err=True)
-        except OSError as exc:
-            raise UsageError(f"--out: cannot write {o.out}: {exc.strerror}") from None
+        writes += [("--out", os.path.join(o.out, name), text) for name, text in files.items()]
+    write_files(writes, o.out, o.force)
     if o.run:
         import os
 
@@ -85,6 +98,44 @@ def emit(dep: Deployment, o: Output) -> int:
     if o.emit or not (o.out or o.save_spec):
         typer.echo(join_files(files), nl=False)
     return 0
+
+
+def write_files(writes: list[tuple[str, str, str]], out: str | None, force: bool) -> None:
+    """Write each (flag, path, text). Nothing is written unless every file can be: ``out`` must be a
+    directory (made when missing), and a file that holds something else is replaced only with
+    ``force``; one that already holds the same text is left as it is."""
+    import os
+
+    from infera.errors import UsageError
+
+    if out and os.path.exists(out) and not os.path.isdir(out):
+        raise UsageError(f"--out: {out} is not a directory")
+    for flag, path, text in writes:
+        if not force and os.path.lexists(path) and _content(path) != text:
+            raise UsageError(f"{flag}: {path} already exists with other content; pass --force to replace it")
+    for flag, path, text in writes:
+        try:
+            if flag == "--out":
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+            if _content(path) != text:
+                with open(path, "w", encoding="utf-8") as fh:
+                    fh.write(text)
+                typer.echo(f"wrote {path}", err=True)
+            else:
+                typer.echo(f"unchanged {path}", err=True)
+            if path.endswith(".sh"):
+                os.chmod(path, 0o755)
+        except OSError as exc:
+            raise UsageError(f"{flag}: cannot write {path}: {exc.strerror}") from None
+
+
+def _content(path: str) -> str | None:
+    """The text of ``path``; None when it is missing or cannot be read as text."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def _warn_relative_exec(dep: Deployment) -> None:

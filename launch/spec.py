@@ -9,20 +9,26 @@ The spec is the same object ``kvd launch --format json`` prints::
 ``argv`` is authoritative. The daemon's ``socket``/``max_bytes``/``long_*`` and a leg's
 ``kv_transfer_config`` mirror it for readers; a hand-written spec may give them *instead* of the
 matching flags (they are then added to ``argv``), and a spec that gives both with different values
-is refused rather than guessed at.
+is refused rather than guessed at; so is ``args`` that gives a flag ``argv`` already has with another
+value.
+
+``kvd lint`` reads a spec as it finds it (:func:`from_data`); ``kvd launch --spec`` reads it
+``strict``-ly (:mod:`infera.launch.specfile`): it renders the deployment, so the spec must describe
+a whole one.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from typing import Any
 
 import yaml
 
 from infera.errors import UsageError
-from infera.kvd.flags import BY_NAME
+from infera.kvd.flags import BY_NAME, FLAGS
+from infera.launch import values
+from infera.launch.argv import parse_flags
 from infera.launch.model import KTC_FLAG, ROLES, Daemon, Deployment, Leg, Loc, Router, ktc_json
 
 SPEC_VERSION = 1
@@ -33,6 +39,13 @@ DAEMON_FIELDS = {
 }
 DAEMON_MODULE = ["-m", "infera.kvd"]
 ENGINE_MODULE = ["-m", "infera.engine.vllm"]
+# the keys a strict reader knows; any other is a typo it refuses rather than ignores
+TOP_KEYS = ("version", "kind", "python", "image", "vllm_version", "daemon", "legs", "routers")
+PROCESS_KEYS = ("name", "argv", "args", "env")
+DAEMON_KEYS = (*PROCESS_KEYS, *DAEMON_FIELDS)
+LEG_KEYS = (*PROCESS_KEYS, "role", "kv_transfer_config")
+# the roles of the legs of each kind
+KIND_ROLES = {"single": ("single",), "pd": ("prefill", "decode")}
 
 
 class SpecError(UsageError):
@@ -92,8 +105,9 @@ def dumps(dep: Deployment, fmt: str = "json") -> str:
 
 
 class _Reader:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, strict: bool = False) -> None:
         self.path = path
+        self.strict = strict
 
     def loc(self, container: Any, key: Any = None, value: bool = True) -> Loc:
         pos: tuple[int, int] | None = None
@@ -110,10 +124,28 @@ class _Reader:
             pos = getattr(container, "pos", None) or (1, 1)
         return Loc(self.path, pos[0], pos[1])
 
-    def mapping(self, value: Any, what: str, parent: Any, key: Any) -> dict[str, Any]:
+    def mapping(
+        self, value: Any, what: str, parent: Any, key: Any, keys: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """``value`` as a mapping; a strict reader refuses a key outside ``keys`` (when given)."""
         if not isinstance(value, dict):
             raise SpecError(f"{what} must be a mapping", self.loc(parent, key))
+        if self.strict and keys:
+            for k in value:
+                if k not in keys:
+                    where = f"{what}: " if what else ""
+                    raise SpecError(
+                        f"{where}unknown key {k!r} (known: {', '.join(keys)})",
+                        self.loc(value, k, value=False),
+                    )
         return value
+
+    def check(self, fn: Any, value: Any, what: str, loc: Loc | None) -> Any:
+        """``fn(value, what)`` from :mod:`infera.launch.values`, its UsageError as a SpecError at ``loc``."""
+        try:
+            return fn(value, what)
+        except UsageError as err:
+            raise SpecError(err.message, loc) from None
 
     def strlist(self, value: Any, what: str, parent: Any, key: Any) -> list[str]:
         if not isinstance(value, list) or not all(isinstance(v, str | int | float) for v in value):
@@ -158,16 +190,29 @@ class _Reader:
         return proc.argv
 
     def extras(self, proc: Daemon | Leg | Router, data: dict[str, Any], what: str) -> None:
-        """The spec's ``args`` (appended to ``proc``'s command) and ``env``."""
+        """The spec's ``args`` (appended to ``proc``'s command) and ``env``. A flag of ``args`` that
+        the command already has with another value is refused: which one wins is not obvious."""
         assert proc.argv is not None
-        for extra in self.strlist(data.get("args") or [], f"{what}.args", data, "args"):
+        args = self.strlist(data.get("args") or [], f"{what}.args", data, "args")
+        repeatable = flags_that_repeat(proc)
+        for use in parse_flags(args, 0, proc.bool_flags, proc.multi_flags):
+            have = proc.flag(use.name)
+            if have is not None and have.value != use.value and use.name not in repeatable:
+                given = "" if use.value is None else f" {use.value!r}"
+                had = "" if have.value is None else f" {have.value!r}"
+                raise SpecError(
+                    f"{what}.args gives {use.name}{given} but the command already has {use.name}{had}; "
+                    "keep one",
+                    self.loc(data, "args"),
+                )
+        for extra in args:
             proc.argv.append(extra)
             proc.argv_locs.append(self.loc(data, "args"))
         self.env(proc, data.get("env"), data)
 
     def daemon(self, raw: Any, top: Any, python: str) -> Daemon:
         d = Daemon(name="kvd")
-        data = self.mapping(raw, "daemon", top, "daemon")
+        data = self.mapping(raw, "daemon", top, "daemon", DAEMON_KEYS)
         d.name = str(data.get("name") or "kvd")
         d.loc = self.loc(top, "daemon")
         argv = self.command(d, data, "daemon", [python, *DAEMON_MODULE])
@@ -184,10 +229,16 @@ class _Reader:
                     f"daemon.{key} is {val!r} but daemon.argv has {flag} {have!r}", self.loc(data, key)
                 )
         self.extras(d, data, "daemon")
+        if self.strict:  # the daemon's paths as --socket and --long-path take them
+            for key in ("socket", "long_path"):
+                path = d.flag_value(DAEMON_FIELDS[key])
+                if path is not None:
+                    where = self.loc(data, key) if key in data else d.where_flag(DAEMON_FIELDS[key])
+                    self.check(values.absolute_path, path, f"daemon.{key}", where)
         return d
 
     def leg(self, raw: Any, legs: Any, i: int, python: str) -> Leg:
-        data = self.mapping(raw, f"legs[{i}]", legs, i)
+        data = self.mapping(raw, f"legs[{i}]", legs, i, LEG_KEYS)
         leg = Leg(name=str(data.get("name") or f"leg{i}"))
         leg.loc = self.loc(legs, i)
         role = data.get("role")
@@ -214,7 +265,7 @@ class _Reader:
     def router(self, raw: Any, routers: Any, i: int, python: str) -> Router:
         from infera.launch.router import ROUTER_MODULE
 
-        data = self.mapping(raw, f"routers[{i}]", routers, i)
+        data = self.mapping(raw, f"routers[{i}]", routers, i, PROCESS_KEYS)
         r = Router(name=str(data.get("name") or f"router{i}"))
         r.loc = self.loc(routers, i)
         self.command(r, data, f"routers[{i}]", [python, *ROUTER_MODULE])
@@ -231,24 +282,40 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def from_data(data: Any, path: str) -> Deployment:
-    """Build the model from a loaded spec (plain or position-keeping containers)."""
-    r = _Reader(path)
-    if not isinstance(data, dict) or "legs" not in data:
-        raise SpecError("a spec is a mapping with a 'legs' list", r.loc(data))
-    version = data.get("version", SPEC_VERSION)
+def flags_that_repeat(proc: Daemon | Leg | Router) -> frozenset[str]:
+    """Flags ``proc`` takes more than once, each use adding a value (``--allow-uid``, ``--prefill``)."""
+    if isinstance(proc, Daemon):
+        return frozenset(f.name for f in FLAGS if f.kind == "list")
+    if isinstance(proc, Router):
+        return frozenset(("--prefill", "--decode"))
+    return frozenset()
+
+
+def from_data(data: Any, path: str, strict: bool = False) -> Deployment:
+    """Build the model from a loaded spec (plain or position-keeping containers).
+
+    ``strict`` (``kvd launch --spec``) also refuses what a deployment to render cannot have: unknown
+    keys, a relative daemon socket or disk-tier path, a leg without a model or a kv-transfer-config,
+    legs whose roles do not fit ``kind``, and a ``vllm_version`` that is not a version.
+    """
+    r = _Reader(path, strict)
+    version = data.get("version", SPEC_VERSION) if isinstance(data, dict) else SPEC_VERSION
     if version != SPEC_VERSION:
         raise SpecError(
             f"spec version {version!r} is not supported (this kvd reads version {SPEC_VERSION})",
             r.loc(data, "version"),
         )
+    if not isinstance(data, dict) or "legs" not in data:
+        raise SpecError("a spec is a mapping with a 'legs' list", r.loc(data))
+    r.mapping(data, "", None, None, TOP_KEYS)
     kind = data.get("kind")
-    if kind not in (None, "single", "pd"):
-        raise SpecError(f"kind {kind!r} is not single or pd", r.loc(data, "kind"))
+    if kind not in (None, *KIND_ROLES):
+        raise SpecError(f"kind {kind!r} is not {' or '.join(KIND_ROLES)}", r.loc(data, "kind"))
     python = str(data.get("python") or "python")
-    dep = Deployment(
-        kind=kind, python=python, image=data.get("image"), vllm_version=_str(data.get("vllm_version"))
-    )
+    vllm_version = _str(data.get("vllm_version"))
+    if strict:
+        r.check(values.vllm_version, vllm_version, "vllm_version", r.loc(data, "vllm_version"))
+    dep = Deployment(kind=kind, python=python, image=data.get("image"), vllm_version=vllm_version)
     if data.get("daemon") is not None:
         dep.daemons.append(r.daemon(data["daemon"], data, python))
     legs = data["legs"]
@@ -270,38 +337,38 @@ def from_data(data: Any, path: str) -> Deployment:
         if proc.name in seen:
             raise SpecError(f"{what}.name {proc.name!r} is used twice", proc.loc)
         seen.add(proc.name)
+    if strict:
+        _check_roles(dep, r.loc(data, "legs"))
     return dep
+
+
+def _check_roles(dep: Deployment, where: Loc) -> None:
+    """A strict spec's legs are whole engines (a model and a kv-transfer-config) and fit its
+    ``kind``: ``single`` legs only, or prefill and decode legs."""
+    if not dep.legs:
+        raise SpecError("legs is empty: a deployment has at least one engine leg", where)
+    for i, leg in enumerate(dep.legs):
+        if leg.model() is None:
+            raise SpecError(f"legs[{i}] has no --model: give it in argv or args", leg.loc)
+        if leg.ktc() is None and not leg.has_flag(KTC_FLAG):
+            raise SpecError(
+                f"legs[{i}] has no kv_transfer_config: without one the engine uses neither kvd nor "
+                "a KV transport",
+                leg.loc,
+            )
+    if dep.kind is None:
+        return
+    allowed = KIND_ROLES[dep.kind]
+    for i, leg in enumerate(dep.legs):
+        if leg.role not in allowed:
+            raise SpecError(
+                f"legs[{i}] is a {leg.role} leg, but kind {dep.kind} has {' and '.join(allowed)} legs",
+                leg.loc,
+            )
+    for role in allowed:
+        if not any(leg.role == role for leg in dep.legs):
+            raise SpecError(f"kind {dep.kind} needs a {role} leg, and legs has none", where)
 
 
 def _str(v: Any) -> str | None:
     return None if v is None else str(v)
-
-
-def load_spec(path: str, text: str | None = None) -> Deployment:
-    """Read a spec file (YAML or JSON) for ``kvd launch --spec``; raises SpecError/UsageError."""
-    from infera.launch.lint.yamlloc import load_json_or_yaml
-
-    if text is None:
-        try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-        except OSError as exc:
-            raise UsageError(f"--spec: cannot read {path}: {exc.strerror}") from None
-    try:
-        docs = load_json_or_yaml(text)
-    except (yaml.YAMLError, ValueError) as exc:
-        raise SpecError(f"not valid YAML or JSON: {str(exc).splitlines()[0]}", Loc(path, 1)) from None
-    if len(docs) != 1:
-        raise SpecError("a spec file holds exactly one document", Loc(path, 1))
-    return from_data(docs[0], path)
-
-
-def save_spec(dep: Deployment, path: str) -> None:
-    """Write ``dep`` as YAML (``.yaml``/``.yml``) or JSON (anything else)."""
-    ext = os.path.splitext(path)[1].lower()
-    text = dumps(dep, "yaml" if ext in (".yaml", ".yml") else "json")
-    try:
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(text)
-    except OSError as exc:
-        raise UsageError(f"--save-spec: cannot write {path}: {exc.strerror}") from None

@@ -21,6 +21,23 @@ KVD_CONNECTOR = "InferaKvdConnector"
 MULTI_CONNECTOR = "MultiConnector"
 ROLE_OF_KV_ROLE = {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": "mixed"}
 ROLES = ("prefill", "decode", "mixed")
+# the discovery backends a worker registers through (``--discovery-backend``): the engine refuses
+# any other at start, and ``kvd launch pd`` refuses it before writing the commands
+BACKENDS = ("etcd",)
+
+
+def check_backend(value: str | None) -> str:
+    """``--discovery-backend``'s value, stripped and lower-cased ("" when not given); a name
+    outside :data:`BACKENDS` is a UsageError."""
+    from infera.errors import UsageError
+
+    backend = (value or "").strip().lower()
+    if backend and backend not in BACKENDS:
+        raise UsageError(
+            f"--discovery-backend {backend!r} is not supported",
+            hint="use --discovery-backend " + " or ".join(BACKENDS),
+        )
+    return backend
 
 
 def role_of(kv_role: str | None) -> str:

@@ -159,7 +159,10 @@ def test_no_router_leaves_it_out_and_bad_values_are_one_line() -> None:
     assert res.code == 0 and "routers" not in json.loads(res.stdout)
     assert "vllm_router" not in kvd(*base, "--no-router").stdout
     for args, message in (
-        (["--router-port", "8001"], "error: --router-port: 8001 is taken by a leg on the same host"),
+        (
+            ["--router-port", "8001"],
+            "error: --router-port: 8001 is taken by the prefill leg on the same host",
+        ),
         (["--router-port", "70000"], "error: --router-port: 70000 is not a TCP port"),
         (["--transfer-protocol", "udp"], "error: --transfer-protocol: 'udp' is not tcp or rdma"),
     ):

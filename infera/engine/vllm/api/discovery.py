@@ -19,13 +19,20 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from infera.discovery.record import DEFAULT_PREFIX, DEFAULT_TTL_S, HashInfo, WorkerInfo, ktc_dict, worker_key
+from infera.discovery.record import (
+    DEFAULT_PREFIX,
+    DEFAULT_TTL_S,
+    HashInfo,
+    WorkerInfo,
+    check_backend,
+    ktc_dict,
+    worker_key,
+)
 from infera.discovery.registrar import MIN_TTL_S, Registrar
 from infera.errors import UsageError
 
 log = logging.getLogger("infera.engine.vllm")
 
-BACKENDS = ("etcd",)
 WILDCARDS = ("", "0.0.0.0", "::", "[::]")
 UNUSED_ALONE = ("advertise_host", "request_transport", "kv_event_transport")
 
@@ -97,12 +104,8 @@ class Plan:
 def plan(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Plan | None:
     """What to register, from the parsed flags; None when discovery is off. Raises UsageError."""
     env = os.environ if environ is None else environ
-    backend = (getattr(args, "discovery_backend", None) or "").strip().lower()
+    backend = check_backend(getattr(args, "discovery_backend", None))
     endpoints = getattr(args, "etcd_endpoint", None)
-    if backend and backend not in BACKENDS:
-        raise UsageError(
-            f"--discovery-backend {backend!r} is not supported", hint="use --discovery-backend etcd"
-        )
     if not endpoints:
         if backend:
             raise UsageError(
