@@ -11,11 +11,12 @@ import sys
 import typer
 
 from infera import __version__
-from infera.clikit import escape_help, report
+from infera.clikit import OneLineGroup, escape_help, report
 from infera.errors import KvdError
 
 app = typer.Typer(
     name="kvd",
+    cls=OneLineGroup,  # every command's option errors are one `error:` line (exit 2)
     help="infera-kvd: a per-host KV-cache daemon for vLLM, and the tools around it.",
     no_args_is_help=True,
     add_completion=False,

@@ -10,7 +10,6 @@ and torch missing for ``bench transfer``.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -153,20 +152,3 @@ def test_help_shows_the_defaults(command: str) -> None:
     assert "[default: " in result.output, result.output
     if command == "arena":
         assert "[default: 4M]" in result.output and "[default: 200]" in result.output
-
-
-@pytest.mark.xfail(
-    reason="one-line errors for the CLI framework's own usage errors belong in infera/cli.py or "
-    "infera/clikit.py (shared by every command), not in infera/bench",
-    strict=False,
-)
-def test_a_value_of_the_wrong_type_is_one_line() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "infera.cli", "bench", "arena", "--rounds", "abc"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "COLUMNS": "100"},
-    )
-    assert proc.returncode == 2
-    assert _only_error_lines(proc.stderr)[0].startswith("error: ")
