@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import fcntl
+import gc
 import logging
 import mmap
 import os
@@ -162,7 +163,16 @@ class Arena:
         if self._prefault is not None:
             self._prefault.join()
         self.view.release()
-        self.map.close()
+        try:
+            self.map.close()
+        except BufferError:
+            # A view of the arena is still referenced: a failed disk write's buffer in an
+            # exception's traceback, say (reference cycles). Collect them and try once more.
+            gc.collect()
+            try:
+                self.map.close()
+            except BufferError:
+                log.warning("arena: a view of it is still held at close; the mapping goes with the process")
         os.close(self.fd)
 
 

@@ -50,7 +50,7 @@ def run_daemon(cfg: DaemonConfig) -> int:
     try:
         server.start()
     except BaseException:
-        server.shutdown()
+        server.shutdown(started=False)  # the error is the one line the user sees
         raise
     server.install_signal_handlers()
     server.serve_forever()

@@ -126,7 +126,7 @@ class Server(NetIO, NetOut, Ops, SliceRunner):
             sock.bind(path)
         except OSError as exc:
             sock.close()
-            raise KvdError(f"cannot bind {path}: {exc.strerror}") from None
+            raise KvdError(f"cannot bind {path}: {exc.strerror or exc}") from None
         os.chmod(path, self.cfg.socket_mode)
         sock.listen(LISTEN_BACKLOG)
         sock.setblocking(False)
@@ -231,8 +231,11 @@ class Server(NetIO, NetOut, Ops, SliceRunner):
             self.long.tick()
         self.refresh_snapshot()
 
-    def shutdown(self) -> None:
-        log.info("shutting down")
+    def shutdown(self, started: bool = True) -> None:
+        """Drop every client, stop the long tier and metrics, remove the socket and lock, unmap the
+        arena. ``started=False``: undoing a start that failed (nothing was served: no log line)."""
+        if started:
+            log.info("shutting down")
         for client in list(self.clients.values()):
             self._drop(client, "daemon shutting down")
         if self.long is not None:

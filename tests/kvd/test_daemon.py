@@ -172,6 +172,10 @@ def test_sigterm_shuts_down_cleanly(daemon: Daemon) -> None:
         (["--long-backend", "floppy"], "--long-backend"),
         (["--busy-poll-us", "-5"], "--busy-poll-us"),
         (["--max-bytes", "1000T"], "is more than this host's memory"),
+        (
+            ["--socket", "/tmp/" + "s" * 98 + ".sock"],
+            "the path is 108 bytes; a Unix socket path has at most 107",
+        ),
     ],
 )
 def test_bad_flags_are_one_line_errors(args: list[str], needle: str, short_tmp: Path) -> None:
@@ -185,6 +189,22 @@ def test_bad_flags_are_one_line_errors(args: list[str], needle: str, short_tmp: 
     first = out.stderr.strip().splitlines()[0]
     assert first.startswith("error: ") and needle in first
     assert "Traceback" not in out.stderr
+
+
+def test_a_start_that_fails_after_the_flags_is_one_line(short_tmp: Path) -> None:
+    """A start that fails at run time (here the socket's directory is a file) prints the error
+    and its hint only: no "shutting down" log line for a daemon that never served."""
+    (short_tmp / "afile").write_text("")
+    out = subprocess.run(
+        [sys.executable, "-m", "infera.kvd", "--socket", str(short_tmp / "afile" / "x.sock")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 1, out.stderr
+    lines = out.stderr.splitlines()
+    assert lines and all(ln.startswith(("error: ", "hint: ")) for ln in lines), out.stderr
+    assert "is a regular file, not a directory" in lines[0]
 
 
 def test_an_arena_the_kernel_will_not_map_is_one_line(short_tmp: Path) -> None:

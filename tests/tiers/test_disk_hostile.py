@@ -126,6 +126,31 @@ def test_clean_stop_on_a_full_disk_counts_and_says_what_is_lost(
         assert "No space left" in log
 
 
+def test_a_clean_stop_after_the_disk_filled_up_mid_run_exits_0(
+    start_daemon: Callable[..., Daemon], short_tmp: Path
+) -> None:
+    """Chunks written, then the filesystem fills and the next writes fail: a SIGTERM still ends
+    in exit status 0. It used to end in a BufferError traceback and status 1, the arena's
+    mapping being closed while a failed write's buffer was still referenced."""
+    with tmpfs(short_tmp / "small", "8m") as mnt:
+        d = disk_daemon(start_daemon, Path(mnt), "4M", "6M")
+        with HealthProbe(d.socket, size=4 << 10) as probe, d.client(namespace=NS) as c:
+            first = payloads(4, 512 << 10, "first")
+            for k, v in first.items():
+                assert c.put(k, v)
+            wait_until(
+                lambda: long_stats(c)["chunks"] >= 4 and long_stats(c)["queued_writes"] == 0, 15, "written"
+            )
+            fill_up(mnt)
+            put_onto_full_disk(c, payloads(4, 512 << 10, "second"), n=1)
+            enough_rounds(probe)
+        probe.assert_healthy()
+        assert d.stop() == 0, d.log()[-3000:]
+        log = d.log()
+        assert "Traceback" not in log and "BufferError" not in log, log[-3000:]
+        assert "No space left" in log
+
+
 def test_retry_back_off_probes_one_at_a_time_and_wakes_all_on_recovery() -> None:
     from infera.kvd.tiers.writeretry import Retries
 

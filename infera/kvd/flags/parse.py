@@ -14,7 +14,7 @@ from infera.units import parse_duration, parse_size
 LONG_BACKENDS = ("disk", "mooncake", "lmcache")
 DISTRIBUTED = ("mooncake", "lmcache")
 MIN_ARENA = 1 << 20
-MAX_SOCKET_PATH = 108  # bytes of sun_path on Linux
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes on Linux, and Python wants room for the final NUL
 METADATA_SCHEMES = ("http://", "https://", "etcd://", "redis://")
 
 Kind = Literal["value", "list", "switch"]
