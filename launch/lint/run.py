@@ -45,7 +45,8 @@ def run_lint(
 ) -> int:
     from infera.launch.lint import TYPES, decode, lint_sources
     from infera.launch.lint.report import OUTPUT_FORMATS, render
-    from infera.launch.rules import Context, all_rules, lookup, parse_version
+    from infera.launch.rules import Context, all_rules, lookup
+    from infera.launch.values import vllm_version as parse_vllm_version
 
     if list_rules:
         rules = all_rules()
@@ -72,9 +73,7 @@ def run_lint(
         raise UsageError(f"--type: {ftype!r} is not one of {', '.join(TYPES)}")
     if not files:
         raise UsageError("no files to check", hint="pass files, or '-' to read stdin")
-    version = parse_version(vllm_version)
-    if vllm_version and version is None:
-        raise UsageError(f"--vllm-version: {vllm_version!r} is not a version like 0.32")
+    version = parse_vllm_version(vllm_version)  # the parser kvd launch uses
     if vllm and not vllm_available():
         raise UsageError(
             "--vllm: vLLM is not importable in this Python",
