@@ -12,6 +12,7 @@ Part of the contract layer: plain Python, nothing of ours but the contract.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -39,6 +40,8 @@ FACT_NAMES = {
 
 
 def _scalar(where: str, value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where} must be a finite number (not NaN or an infinity)")
     if value is None or isinstance(value, bool | int | float):
         return value
     if isinstance(value, str):
@@ -64,7 +67,8 @@ def _map(where: str, value: Any, max_keys: int) -> dict[str, Any]:
 def check(value: Any) -> dict[str, Any]:
     """The ``kv_layout`` of a HELLO, bounds checked (ValueError says what is wrong): a map of at
     most :data:`MAX_KEYS` scalars, and ``groups``, a list of at most :data:`MAX_GROUPS` maps of at
-    most :data:`MAX_GROUP_KEYS` scalars each."""
+    most :data:`MAX_GROUP_KEYS` scalars each. A number must be finite: NaN and the infinities have
+    no JSON, and what a client declares ends up in ``kvd stat --json``."""
     top = _map("'kv_layout'", value, MAX_KEYS)
     out: dict[str, Any] = {}
     for k, v in top.items():
@@ -110,8 +114,14 @@ def describe_group(g: Mapping[str, Any]) -> str:
     return text
 
 
+def _groups(layout: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The group maps of a layout (an odd server's entries of another type are left out)."""
+    groups = layout.get("groups")
+    return [g for g in groups if isinstance(g, Mapping)] if isinstance(groups, list) else []
+
+
 def _groups_signature(layout: Mapping[str, Any]) -> str:
-    groups = layout.get("groups") or []
+    groups = _groups(layout)
     if not groups:
         return "?"
     kinds = [str(g.get("kind", "?")) for g in groups]
@@ -125,6 +135,8 @@ def namespaces(clients: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     clients, in namespace order."""
     out: dict[str, dict[str, Any]] = {}
     for c in clients:
+        if not isinstance(c, Mapping):
+            continue
         layout = c.get(FIELD)
         if not isinstance(layout, Mapping):
             continue
@@ -162,7 +174,7 @@ def render(clients: Iterable[Mapping[str, Any]]) -> list[str]:
             + (f", hybrid manager {'on' if hma else 'off'}" if hma is not None else "")
             + f", {entry['clients']} client(s)"
         )
-        for g in lay.get("groups") or []:
+        for g in _groups(lay):
             lines.append(f"  {describe_group(g)}")
         if lay.get("load_failures"):
             lines.append(f"  load failures reach vLLM as: {lay['load_failures']}")
@@ -198,6 +210,8 @@ def notes(clients: Iterable[Mapping[str, Any]]) -> list[str]:
         )
     seen: dict[str, set[str]] = {}
     for c in clients:
+        if not isinstance(c, Mapping):
+            continue
         layout = c.get(FIELD)
         if isinstance(layout, Mapping) and str(c.get("role", "")).endswith("scheduler"):
             seen.setdefault(str(c.get("namespace") or ""), set()).add(_groups_signature(layout))

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from infera.display import count, number
+
 TIERS = ("ram", "disk", "distributed")
 POLICIES = ("auto", "always", "never")
 # The default loads every hit, as every earlier release did. `auto` is opt-in until an H200 run
@@ -24,24 +26,28 @@ POLICY = "load_policy_"  # + policy: 1 for the one in use
 
 def summary(counters: Mapping[str, Any]) -> str | None:
     """``load policy auto: recomputed 768 disk tokens (slower than loading), ...``, or None for a
-    client that reports no load policy (a worker, a tool, an older connector)."""
+    client that reports no load policy (a worker, a tool, an older connector). A counter that is
+    not a number (an odd server's) counts as 0."""
     if CHECKS not in counters:
         return None
     policy = next((p for p in POLICIES if counters.get(POLICY + p)), "?")
-    slower = [f"{int(counters.get(SLOWER + t, 0)):,} {t}" for t in TIERS if counters.get(SLOWER + t)]
-    parts = [f"load policy {policy}: {int(counters.get(CHECKS, 0)):,} hits judged"]
+    slower = [f"{count(counters.get(SLOWER + t)):,} {t}" for t in TIERS if count(counters.get(SLOWER + t))]
+    parts = [f"load policy {policy}: {count(counters.get(CHECKS)):,} hits judged"]
     parts.append(
         f"recomputed (loading slower) {', '.join(slower)} tokens" if slower else "none recomputed as slower"
     )
-    if counters.get(BY_POLICY):
-        parts.append(f"{int(counters[BY_POLICY]):,} tokens not loaded by policy")
-    if counters.get(PREWARMED):
-        parts.append(f"{int(counters[PREWARMED]):,} chunks prewarmed")
+    if count(counters.get(BY_POLICY)):
+        parts.append(f"{count(counters[BY_POLICY]):,} tokens not loaded by policy")
+    if count(counters.get(PREWARMED)):
+        parts.append(f"{count(counters[PREWARMED]):,} chunks prewarmed")
     rates = [
-        f"{t} {counters[f'load_rate_{t}_mbps']:,.0f} MB/s" for t in TIERS if f"load_rate_{t}_mbps" in counters
+        f"{t} {rate:,.0f} MB/s"
+        for t in TIERS
+        if (rate := number(counters.get(f"load_rate_{t}_mbps"))) is not None
     ]
-    if "prefill_rate_tps" in counters:
-        rates.append(f"prefill {counters['prefill_rate_tps']:,.0f} tokens/s")
+    prefill = number(counters.get("prefill_rate_tps"))
+    if prefill is not None:
+        rates.append(f"prefill {prefill:,.0f} tokens/s")
     if rates:
         parts.append("rates " + ", ".join(rates))
     return "; ".join(parts)

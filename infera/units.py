@@ -2,7 +2,8 @@
 
 Sizes use binary units (``1K`` = 1024 bytes); an optional trailing ``B``/``iB`` is accepted
 (``16GiB``, ``16GB`` and ``16G`` are all 16 * 2**30). Bad input raises :class:`UsageError` with a
-one-line message that names the flag.
+one-line message that names the flag. :func:`refresh_interval` is the one range of the tools that
+poll a daemon again and again (``kvd top --interval``, ``kvd stat --watch``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,21 @@ def format_size(n: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} PiB"  # pragma: no cover - loop always returns
+
+
+REFRESH_MIN_S = 0.1  # a tool polling faster than this floods the daemon with connections
+REFRESH_MAX_S = 3600.0
+
+
+def refresh_interval(seconds: float, flag: str) -> float:
+    """``seconds`` between two polls of a daemon, checked: 0.1 to 3600 (NaN and infinities are out
+    of range too); UsageError naming ``flag`` otherwise."""
+    if not REFRESH_MIN_S <= seconds <= REFRESH_MAX_S:
+        raise UsageError(
+            f"{flag}: {seconds:g} is out of range",
+            hint=f"use between {REFRESH_MIN_S:g} and {REFRESH_MAX_S:g} seconds",
+        )
+    return float(seconds)
 
 
 def parse_duration(text: str | float, flag: str = "duration") -> float:

@@ -33,6 +33,7 @@ LAYERS: dict[str, str] = {
     "infera.errors": "contract",
     "infera.clikit": "contract",  # how a KvdError is shown and what exit status it gives
     "infera.units": "contract",
+    "infera.display": "contract",  # what a daemon sent, on a terminal: escaped, tolerant of odd types
     "infera.versions": "contract",
     "infera.keyrules": "contract",  # the one table of key rules tools and connector share
     "infera.kvlayout": "contract",  # the kv_layout an engine declares at HELLO, rendered per namespace

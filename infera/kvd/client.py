@@ -105,7 +105,7 @@ class KvdClient(ArenaIO):
         try:
             reply, fds = self._call(hello, want_fds=True)
             if not reply.get("ok"):
-                raise error_of(reply)
+                raise error_of(reply, "HELLO")
             self._accept_hello(reply, fds, want_arena)
         except BaseException:
             self.close()
@@ -120,6 +120,7 @@ class KvdClient(ArenaIO):
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             raise KvdProtocolError(f"daemon announced an arena size of {size!r}, not a positive integer")
         self.arena_size = size
+        self.greeted = True
         self.server_version = str(reply.get("server_version", ""))
         self.long_tier = reply.get("long_tier")
         self.long_path = reply.get("long_path")
@@ -194,7 +195,12 @@ class KvdClient(ArenaIO):
         }
 
     def stats(self) -> dict[str, Any]:
-        return dict(self.request("STATS")["stats"])
+        stats = self.request("STATS").get("stats")
+        if not isinstance(stats, dict):
+            raise KvdProtocolError(
+                f"the daemon's STATS reply holds no stats map (got {type(stats).__name__})"
+            )
+        return dict(stats)
 
     def ping(self) -> bool:
         return bool(self.request("PING").get("pong"))

@@ -185,9 +185,21 @@ def default_spin() -> float:
         return 0.0
 
 
-def error_of(reply: dict[str, Any]) -> KvdClientError:
-    code = reply.get("error", "internal")
-    message = reply.get("message", code)
+def error_of(reply: dict[str, Any], op: str = "the request") -> KvdClientError:
+    """The exception for a reply with ``ok: false`` to ``op``, by its error code. A reply without a
+    code (or with one that is not a string) is not one a kvd daemon sends: it says so, rather than
+    pass for an internal error of the daemon."""
+    code = reply.get("error")
+    message = reply.get("message")
+    if not isinstance(code, str) or not code:
+        said = f": {message}" if isinstance(message, str) and message else ""
+        return KvdProtocolError(
+            f"the daemon refused {op} without an error code (a reply this client does not understand){said}",
+            "unknown",
+            hint="is the socket a kvd daemon of this version? `kvd doctor --socket PATH` checks",
+        )
+    if not isinstance(message, str) or not message:
+        message = f"{op} failed: {code}"
     if code == "refused":
         return KvdRefused(message, hint="start the daemon with --allow-uid for this user")
     if code == "quota":

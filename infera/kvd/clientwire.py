@@ -14,8 +14,11 @@ import threading
 import time
 from typing import Any
 
+from infera.display import printable
 from infera.kvd import protocol as P
 from infera.kvd.clientnet import KvdClientError, KvdProtocolError, KvdUnavailable, error_of
+
+NOT_KVD_HINT = "give the socket a kvd daemon listens on (`kvd serve --socket PATH`, or INFERA_KVD_SOCKET)"
 
 
 class Wire:
@@ -29,6 +32,9 @@ class Wire:
         self._pending: list[bytes] = []
         self._sock: socket.socket | None = None
         self._spin = spin_s
+        # True once a reply made sense as kvd's: until then a peer that answers something else
+        # (an HTTP server, another program's socket) is said to be no kvd daemon
+        self.greeted = False
 
     def _take_replies(self, data: bytes) -> None:
         """Add the whole frames in ``data``, just read from kvd, to the pending replies; no data
@@ -38,7 +44,12 @@ class Wire:
         try:
             self._pending.extend(self._reader.feed(data))
         except P.FrameTooLarge as exc:
+            if not self.greeted:  # "HTTP/1.1 ..." reads as a frame of 1213486160 bytes
+                raise self._not_kvd(f"its reply begins {printable(repr(bytes(data[:16])))}") from None
             raise KvdProtocolError(str(exc)) from None
+
+    def _not_kvd(self, why: str) -> KvdProtocolError:
+        return KvdProtocolError(f"{self.socket_path} is not a kvd daemon: {why}", hint=NOT_KVD_HINT)
 
     def _recv_frame(self, want_fds: bool) -> tuple[dict[str, Any], list[int]]:
         sock = self._sock
@@ -85,7 +96,11 @@ class Wire:
         if problem:
             for fd in fds:  # never leak descriptors that came with a reply we refuse
                 os.close(fd)
-            raise KvdProtocolError(problem)
+            raise (
+                self._not_kvd(problem.replace("daemon ", "it ", 1))
+                if not self.greeted
+                else KvdProtocolError(problem)
+            )
         return msg, fds
 
     def _call(self, msg: dict[str, Any], want_fds: bool = False) -> tuple[dict[str, Any], list[int]]:
@@ -120,7 +135,7 @@ class Wire:
         with self._lock:
             reply, _ = self._call({"op": op, **fields})
         if not reply.get("ok"):
-            raise error_of(reply)
+            raise error_of(reply, op)
         return reply
 
     def notify(self, op: str, **fields: Any) -> None:

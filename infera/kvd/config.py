@@ -1,13 +1,16 @@
-"""Daemon settings, validated once at start (through the flag table of :mod:`infera.kvd.flags`) so
-every mistake is a one-line error."""
+"""Daemon settings, validated once at start (through the flag table of :mod:`infera.kvd.flags`, the
+environment-only settings of :mod:`infera.kvd.envvars` and what can be checked of ``--long-path``
+on this host) so every mistake is a one-line error."""
 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
 from infera.errors import UsageError
+from infera.kvd import envvars
 from infera.kvd.flags import FLAGS, FlagValues, Uids, check
 from infera.kvd.protocol import default_socket_path
 
@@ -80,4 +83,33 @@ def build_config(values: FlagValues | None = None, /, **typed: Any) -> DaemonCon
         elif value is not None:
             setattr(cfg, flag.dest, value)
     cfg.long_backend = checked.backend
+    if cfg.long_backend == "disk" and cfg.long_path is not None:
+        check_long_path(cfg.long_path)
+    envvars.check(cfg.long_backend)
     return cfg
+
+
+def check_long_path(path: str) -> None:
+    """``--long-path`` must be a directory or a path one can be made at: a file there (or in the
+    way of one, as an ancestor) is a UsageError. The flag table cannot check it (launch and lint
+    read flags meant for another host); the daemon checks it on its own host."""
+    probe = os.path.abspath(path)
+    while True:
+        try:
+            mode = os.stat(probe).st_mode
+        except (FileNotFoundError, NotADirectoryError):  # not there yet, or under a file: go up
+            parent = os.path.dirname(probe)
+            if parent == probe:
+                return
+            probe = parent
+            continue
+        except OSError:
+            return  # unreadable: the disk tier says why when it opens the directory
+        if stat.S_ISDIR(mode):
+            return
+        what = "a regular file" if stat.S_ISREG(mode) else "not a directory"
+        where = path if probe == os.path.abspath(path) else f"{path}: {probe}"
+        raise UsageError(
+            f"--long-path {where} is {what}, not a directory",
+            hint="give the disk tier a directory of its own (it is created if missing)",
+        )

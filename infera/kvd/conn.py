@@ -1,12 +1,16 @@
-"""One client connection as the daemon sees it, the typed request error, and the bounds on what a
-client may declare about itself (HELLO, REPORT)."""
+"""One client connection as the daemon sees it, the typed request error, and the checks of what a
+request holds: its id, its batch fields, and the bounds on what a client may declare about itself
+(HELLO, REPORT)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from infera import kvlayout
@@ -101,17 +105,80 @@ class Client:
         }
 
 
+# -- the request id --------------------------------------------------------------------------------
+def check_id(msg: dict[str, Any]) -> None:
+    """A request's ``id`` is an integer, echoed in its reply (docs/protocol.md). Only a ``noreply``
+    request may leave it out (it gets no reply to carry it), and the slices of a big request carry
+    none (the request itself was checked). Anything else is a BadRequest, answered with ``id: 0``."""
+    rid = msg.get("id")
+    if type(rid) is int:
+        return
+    if "id" not in msg and (msg.get("noreply") or "_sliced" in msg):
+        return
+    if "id" not in msg:
+        raise BadRequest("a request needs an integer 'id' (only a noreply request may leave it out)")
+    raise BadRequest(f"'id' must be an integer, not {_type_name(rid)}")
+
+
+def _type_name(value: Any) -> str:
+    return "nil" if value is None else type(value).__name__
+
+
+Handler = Callable[[Any, Client, dict[str, Any]], Reply]
+
+
+def id_checked(handler: Handler) -> Handler:
+    """``handler`` (an op method) preceded by :func:`check_id`."""
+
+    @functools.wraps(handler)
+    def run(self: Any, client: Client, msg: dict[str, Any]) -> Reply:
+        check_id(msg)
+        return handler(self, client, msg)
+
+    return run
+
+
+# -- the batch fields of a request ------------------------------------------------------------------
+def request_keys(msg: dict[str, Any], field: str = "keys") -> list[bytes]:
+    """``msg[field]``: a list of at most MAX_BATCH valid keys; raises BadRequest."""
+    keys = msg.get(field)
+    if not isinstance(keys, list):
+        raise BadRequest(f"{field!r} must be a list of byte strings")
+    if len(keys) > P.MAX_BATCH:
+        raise BadRequest(f"at most {P.MAX_BATCH} keys per request")
+    maxlen = P.MAX_KEY_LEN
+    for k in keys:
+        if type(k) is not bytes or not 0 < len(k) <= maxlen:
+            try:
+                P.check_key(k)
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from None
+    return keys
+
+
+def request_ints(msg: dict[str, Any], field: str) -> list[int]:
+    """``msg[field]``: a list of at most MAX_BATCH integers; raises BadRequest."""
+    vals = msg.get(field)
+    if not isinstance(vals, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+        raise BadRequest(f"{field!r} must be a list of integers")
+    if len(vals) > P.MAX_BATCH:
+        raise BadRequest(f"at most {P.MAX_BATCH} items per request")
+    return vals
+
+
 # -- bounded client metadata (HELLO, REPORT) ---------------------------------------------------
 # Everything a client declares ends up in every STATS reply, so each field has a bound (the
-# numbers are in infera.kvd.protocol): identities are refused over it, display-only text is cut.
+# numbers are in infera.kvd.protocol): identities are refused over it, display-only text is cut,
+# and whole numbers must be in the range of what they count.
 _HELLO_FIELDS: tuple[tuple[str, type, int], ...] = (
-    # field, type, longest kept: display-only text is cut there (0: not cut; checked below)
+    # field, type, longest kept: display-only text is cut there (0: not cut; checked below);
+    # for an int, the largest value allowed (at least 1)
     ("name", str, P.MAX_TEXT_LEN),
-    ("pid", int, 0),
+    ("pid", int, P.MAX_PID),
     ("role", str, P.MAX_TEXT_LEN),
     ("model", str, P.MAX_TEXT_LEN),
     ("hash_fingerprint", str, 0),
-    ("chunk_tokens", int, 0),
+    ("chunk_tokens", int, P.MAX_CHUNK_TOKENS),
     ("data_path", str, P.MAX_TEXT_LEN),
 )
 
@@ -119,13 +186,15 @@ _HELLO_FIELDS: tuple[tuple[str, type, int], ...] = (
 def hello_info(msg: dict[str, Any]) -> dict[str, Any]:
     """The client description of a HELLO, checked and bounded; raises BadRequest."""
     info: dict[str, Any] = {}
-    for field, typ, cut in _HELLO_FIELDS:
+    for field, typ, bound in _HELLO_FIELDS:
         value = msg.get(field)
         if value is None:
             continue
         if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
             raise BadRequest(f"{field!r} must be a {typ.__name__}")
-        info[field] = value[:cut] if cut and isinstance(value, str) else value
+        if isinstance(value, int) and not 1 <= value <= bound:
+            raise BadRequest(f"{field!r} must be a whole number from 1 to {bound}")
+        info[field] = value[:bound] if bound and isinstance(value, str) else value
     fp = info.get("hash_fingerprint")
     if fp is not None and len(fp) > P.MAX_FINGERPRINT_LEN:
         raise BadRequest(f"'hash_fingerprint' must be at most {P.MAX_FINGERPRINT_LEN} characters")
@@ -152,14 +221,21 @@ def _hash_settings(settings: Any) -> dict[str, Any]:
             )
         if not (
             value is None
-            or isinstance(value, bool | int | float)
+            or isinstance(value, bool | int)
+            or (isinstance(value, float) and math.isfinite(value))
             or (isinstance(value, str) and len(value) <= P.MAX_TEXT_LEN)
         ):
             raise BadRequest(
-                f"'hash_settings' values must be numbers, booleans, null or strings of at most "
+                f"'hash_settings' values must be numbers (finite), booleans, null or strings of at most "
                 f"{P.MAX_TEXT_LEN} characters"
             )
     return settings
+
+
+def _finite(value: Any) -> bool:
+    """A number a client may declare: an int, a bool, or a float that is not NaN or infinite
+    (those have no JSON, and what clients declare is printed by ``kvd stat --json``)."""
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
 
 
 def report_fields(report: Any) -> dict[str, Any]:
@@ -168,9 +244,9 @@ def report_fields(report: Any) -> dict[str, Any]:
         raise BadRequest("'report' must be a map")
     counters = report.get("counters", {})
     if not isinstance(counters, dict) or not all(
-        isinstance(k, str) and isinstance(v, int | float) for k, v in counters.items()
+        isinstance(k, str) and _finite(v) for k, v in counters.items()
     ):
-        raise BadRequest("'report.counters' must map names to numbers")
+        raise BadRequest("'report.counters' must map names to finite numbers")
     clean: dict[str, Any] = {"counters": counters}
     if len(counters) > P.MAX_REPORT_COUNTERS or any(len(k) > P.MAX_COUNTER_NAME_LEN for k in counters):
         kept = dict(

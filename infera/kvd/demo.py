@@ -4,6 +4,12 @@ It starts a daemon on a temporary socket, has one process write synthetic KV chu
 client and a second, separate process read them back and check every byte, then shows the
 daemon's counters and cleans up. The chunk bytes are derived from the key, so the reader can
 verify them without being told what the writer wrote.
+
+Its sizes are checked before anything starts (:func:`demo_sizes`): the arena it asks for (twice the
+chunks) must pass the daemon's own check against the host's RAM, which the caller passes in (this
+tool does not import the daemon), and the disk tier's files must fit in the free space of /tmp. A
+daemon that fails anyway is one ``error:`` line carrying what the daemon said, read from its log
+before the temporary files go.
 """
 
 from __future__ import annotations
@@ -16,9 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
-from infera.errors import KvdError
+from infera.errors import KvdError, UsageError
 from infera.kvd.process import DaemonProcess
 from infera.units import format_size, parse_size
 
@@ -74,7 +81,10 @@ def _run_worker(role: str, sock: str, chunks: int, size: int) -> dict[str, Any]:
         timeout=300,
     )
     if proc.returncode != 0:
-        raise KvdError(f"demo {role} process failed: {proc.stderr.strip().splitlines()[-1:]}")
+        said = proc.stderr.strip().splitlines()
+        raise KvdError(
+            f"demo {role} process failed (status {proc.returncode}): {said[-1] if said else 'no output'}"
+        )
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
@@ -87,19 +97,71 @@ def _read_line(r: dict[str, Any], chunks: int) -> str:
     )
 
 
-def run_demo(chunks: int, chunk_size: str, keep: bool = False) -> int:
+def demo_sizes(
+    chunks: int, chunk_size: str, fits_host: Callable[[int], None] | None = None, tmp: str = "/tmp"
+) -> tuple[int, int, int]:
+    """``(chunk bytes, arena bytes, disk tier bytes)`` of a demo, checked (UsageError): positive
+    counts and sizes, an arena ``fits_host`` accepts (the daemon's check against the host's RAM,
+    :func:`infera.kvd.arena.check_fits_host`), and room in ``tmp`` for the chunk files."""
+    if chunks < 1:
+        raise UsageError(f"--chunks: {chunks} is not a positive number of chunks")
+    size = parse_size(chunk_size, "--chunk-size")
+    if size < 1:
+        raise UsageError(f"--chunk-size: {chunk_size!r} is not a positive size", hint="e.g. 64K or 1M")
+    arena = max(64 << 20, chunks * (size + 4096) * 2)
+    arena = (arena + (1 << 20) - 1) >> 20 << 20
+    disk = max(256 << 20, arena * 2)
+    what = f"--chunks {chunks} of --chunk-size {chunk_size}"
+    if fits_host is not None:
+        try:
+            fits_host(arena)
+        except UsageError as err:  # it names --max-bytes, which the demo chose
+            raise UsageError(
+                f"{what} need a {format_size(arena)} arena (twice the chunks), and the daemon would "
+                f"refuse it: {err.message}",
+                hint="use fewer or smaller chunks",
+            ) from None
+    free = shutil.disk_usage(tmp).free
+    files = chunks * (size + 4096)
+    if files > free:
+        raise UsageError(
+            f"{what} would write {format_size(files)} of chunk files, more than the {format_size(free)} "
+            f"free in {tmp}",
+            hint="use fewer or smaller chunks",
+        )
+    return size, arena, disk
+
+
+def _daemon_failed(daemon: DaemonProcess, err: KvdError) -> KvdError:
+    """What the daemon said before it failed (its last ``error:`` line and hint, else its last log
+    line), as one error: the log itself goes with the temporary files."""
+    lines = [line.strip() for line in daemon.log().splitlines() if line.strip()]
+    said = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith("error: ")), None)
+    status = daemon.returncode
+    if "did not answer" in err.message:  # (wait_ready killed it)
+        how = "did not answer in time"
+    else:
+        how = f"exited with status {status}" if status is not None else "did not come up"
+    if said is not None:
+        after = lines[said + 1] if said + 1 < len(lines) else ""
+        hint = after.removeprefix("hint: ") if after.startswith("hint: ") else None
+        return KvdError(f"the demo daemon {how}: {lines[said].removeprefix('error: ')}", hint=hint)
+    last = lines[-1] if lines else err.message.splitlines()[0]
+    return KvdError(f"the demo daemon {how}; the last line of its log: {last}")
+
+
+def run_demo(
+    chunks: int, chunk_size: str, keep: bool = False, fits_host: Callable[[int], None] | None = None
+) -> int:
+    """The demo (see the module docstring); its exit status. ``fits_host``: the daemon's check of an
+    arena against this host's RAM."""
     from rich.console import Console
     from rich.table import Table
 
     from infera.kvd.client import KvdClient
 
     console = Console()
-    size = parse_size(chunk_size, "--chunk-size")
-    if chunks < 1 or size < 1:
-        raise KvdError("--chunks and --chunk-size must be positive")
-    arena = max(64 << 20, chunks * (size + 4096) * 2)
-    arena = (arena + (1 << 20) - 1) >> 20 << 20
-    disk = max(256 << 20, arena * 2)
+    size, arena, disk = demo_sizes(chunks, chunk_size, fits_host)
     tmp = tempfile.mkdtemp(prefix="kvd-demo-", dir="/tmp")
     sock = os.path.join(tmp, "kvd.sock")
     long_path = os.path.join(tmp, "long")
@@ -107,7 +169,10 @@ def run_demo(chunks: int, chunk_size: str, keep: bool = False) -> int:
     daemon = DaemonProcess(sock, args, os.path.join(tmp, "daemon.log"), label="the demo daemon")
     console.print(f"[bold]1.[/] starting a kvd daemon: [cyan]python {' '.join(daemon.argv[1:])}[/]")
     try:
-        daemon.start(timeout=20)
+        try:
+            daemon.start(timeout=20)
+        except KvdError as err:
+            raise _daemon_failed(daemon, err) from None
         console.print(
             f"   daemon pid {daemon.pid} on {sock}: a {format_size(arena)} RAM arena and a "
             f"{format_size(disk)} disk tier in {long_path}"
@@ -122,7 +187,10 @@ def run_demo(chunks: int, chunk_size: str, keep: bool = False) -> int:
             r = _run_worker("reader", sock, chunks, size)
         console.print(f"[bold]3.[/] {_read_line(r, chunks)}")
         with console.status("[bold]4.[/] restarting the daemon (its RAM is gone; the disk tier stays)..."):
-            daemon.restart(timeout=20, stop_timeout=30)
+            try:
+                daemon.restart(timeout=20, stop_timeout=30)
+            except KvdError as err:
+                raise _daemon_failed(daemon, err) from None
         console.print(f"[bold]4.[/] daemon restarted (pid {daemon.pid}): its RAM tier starts empty")
         with console.status("[bold]5.[/] a new reader process after the restart..."):
             r2 = _run_worker("reader", sock, chunks, size)

@@ -20,7 +20,9 @@ client's cost on its own connection:
   single request with a big batch is handled a slice per turn (:mod:`infera.kvd.slices`).
 * Partially received frames of all connections together hold at most :data:`INPUT_BUDGET_BYTES`;
   over it, the connections whose incomplete frame began the longest ago are dropped (parked
-  ones; a client sending a big request at speed has the youngest).
+  ones; a client sending a big request at speed has the youngest). One burst can drop many: they
+  are logged as one line, at most once per :data:`BUDGET_LOG_EVERY_S`, with the count since the
+  last line (the loop's tick writes the last count of a burst).
 * An accept that fails for want of descriptors or memory (EMFILE, ENFILE, ...) stops watching the
   listener for a back-off (:data:`ACCEPT_BACKOFF_S`, doubling up to :data:`ACCEPT_BACKOFF_MAX_S`)
   instead of spinning on a listener that stays readable; logged at most once per
@@ -54,6 +56,7 @@ INPUT_BUDGET_BYTES = 32 << 20  # partially received frames of all connections to
 ACCEPT_BACKOFF_S = 0.1  # first pause of the listener after a failed accept
 ACCEPT_BACKOFF_MAX_S = 1.0
 ACCEPT_LOG_EVERY_S = 60.0  # one line per episode of failed accepts, not one per failure
+BUDGET_LOG_EVERY_S = 1.0  # input-budget drops: one line per second at most, with a count
 _READ = selectors.EVENT_READ
 
 
@@ -66,6 +69,11 @@ class NetState:
         "accept_errors_total",
         "accept_failures",
         "accept_logged_at",
+        "budget_bytes",
+        "budget_drops",
+        "budget_first",
+        "budget_logged_at",
+        "budget_peak",
         "decoder",
         "inbuf_bytes",
         "input_budget_drops_total",
@@ -89,6 +97,12 @@ class NetState:
         self.output_paused_total = 0
         self.output_dropped_total = 0
         self.input_budget_drops_total = 0
+        # input-budget drops not logged yet: how many, the bytes they held, the first one
+        self.budget_drops = 0
+        self.budget_bytes = 0
+        self.budget_first = ""
+        self.budget_peak = 0  # the most the partial frames of all connections held meanwhile
+        self.budget_logged_at = float("-inf")
         self.replies_too_large_total = 0
         self.spin_gate = SpinGate()  # whether the loop may poll after traffic (--busy-poll-us)
 
@@ -120,8 +134,11 @@ class NetIO:
         self._accept_resume_at = 0.0  # when to watch the listener again after a failed accept
 
     def netio_stats(self) -> dict[str, Any]:
-        """This module's counters, for the STATS snapshot."""
+        """This module's counters, for the STATS snapshot. (The loop's tick builds one every
+        second: a burst's input-budget drops not logged yet are logged here.)"""
         net = self.net
+        if net.budget_drops:
+            self._log_budget_drops(time.monotonic())
         return {
             "accept_errors_total": net.accept_errors_total,
             "output_paused_total": net.output_paused_total,
@@ -241,15 +258,38 @@ class NetIO:
         net.partial.add(client)
         if net.inbuf_bytes <= INPUT_BUDGET_BYTES:
             return
+        net.budget_peak = max(net.budget_peak, net.inbuf_bytes)
         for victim in sorted(net.partial, key=lambda c: c.partial_since):
             if net.inbuf_bytes <= INPUT_BUDGET_BYTES:
                 break
             net.input_budget_drops_total += 1
-            warn_dropped(
-                victim,
-                f"its partial frame of {victim.inbuf} bytes is over the daemon's {INPUT_BUDGET_BYTES}-byte input budget",
-            )
+            if not net.budget_drops:
+                net.budget_first = f"{_who(victim)} held {victim.inbuf} bytes"
+            net.budget_drops += 1
+            net.budget_bytes += victim.inbuf
             self._send_last(victim, "too_large", "over the daemon's input budget")
+        self._log_budget_drops(time.monotonic())
+
+    def _log_budget_drops(self, now: float) -> None:
+        """One line for the input-budget drops not logged yet, at most once per
+        BUDGET_LOG_EVERY_S: how many, who first, and that the total was over the budget (one
+        parked connection's few bytes never are; all of them together were)."""
+        net = self.net
+        if not net.budget_drops or now - net.budget_logged_at < BUDGET_LOG_EVERY_S:
+            return
+        log.warning(
+            "input budget: the partial frames of all connections held %d bytes, over the daemon's "
+            "%d-byte input budget; dropped %d connection%s whose frames began the longest ago, "
+            "holding %d bytes (the first: %s)",
+            net.budget_peak,
+            INPUT_BUDGET_BYTES,
+            net.budget_drops,
+            "" if net.budget_drops == 1 else "s",
+            net.budget_bytes,
+            net.budget_first,
+        )
+        net.budget_drops = net.budget_bytes = net.budget_peak = 0
+        net.budget_logged_at = now
 
     def _forget_io(self, client: Client) -> None:
         """A connection going away gives back its share of both budgets (from ``_drop``)."""
@@ -293,6 +333,10 @@ class NetIO:
         self.net.accept_backoff = ACCEPT_BACKOFF_S
 
 
+def _who(client: Client) -> str:
+    return f"client {client.id} (pid {client.info.get('pid', client.peer_pid)})"
+
+
 def warn_dropped(client: Client, why: str) -> None:
     """Log that a client is being dropped, who it is and why (the caller drops it)."""
-    log.warning("client %d (pid %s) dropped: %s", client.id, client.info.get("pid", client.peer_pid), why)
+    log.warning("%s dropped: %s", _who(client), why)

@@ -2,7 +2,8 @@
 
 They run on the loop thread only. A handler returns the reply map, or None when the request has
 no reply (``noreply``) or its reply will come later through ``Server.resume`` (a long tier is
-reading the data). Bad input raises :class:`BadRequest`, which becomes a typed error reply.
+reading the data). Bad input raises :class:`BadRequest`, which becomes a typed error reply; every
+handler first checks the request's ``id`` (:func:`~infera.kvd.conn.check_id`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,17 @@ from typing import TYPE_CHECKING, Any
 from infera import __version__
 from infera.kvd import protocol as P
 from infera.kvd.chunk import link
-from infera.kvd.conn import BadRequest, Client, Reply, hello_info, report_fields
+from infera.kvd.conn import (
+    BadRequest,
+    Client,
+    Reply,
+    check_id,
+    hello_info,
+    id_checked,
+    report_fields,
+    request_ints,
+    request_keys,
+)
 from infera.kvd.keyspace import ikey_prefix
 from infera.kvd.tiers.base import FileBackedTier
 
@@ -44,37 +55,14 @@ class Ops:
     def resume(self, client: Client, msg: dict[str, Any], handler: Any) -> None:  # provided by Server
         raise NotImplementedError
 
-    # -- argument helpers -------------------------------------------------------------------
-    @staticmethod
-    def _keys(msg: dict[str, Any], field: str = "keys") -> list[bytes]:
-        keys = msg.get(field)
-        if not isinstance(keys, list):
-            raise BadRequest(f"{field!r} must be a list of byte strings")
-        if len(keys) > P.MAX_BATCH:
-            raise BadRequest(f"at most {P.MAX_BATCH} keys per request")
-        maxlen = P.MAX_KEY_LEN
-        for k in keys:
-            if type(k) is not bytes or not 0 < len(k) <= maxlen:
-                try:
-                    P.check_key(k)
-                except ValueError as exc:
-                    raise BadRequest(str(exc)) from None
-        return keys
-
-    @staticmethod
-    def _ints(msg: dict[str, Any], field: str) -> list[int]:
-        vals = msg.get(field)
-        if not isinstance(vals, list) or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in vals
-        ):
-            raise BadRequest(f"{field!r} must be a list of integers")
-        if len(vals) > P.MAX_BATCH:
-            raise BadRequest(f"at most {P.MAX_BATCH} items per request")
-        return vals
+    # -- argument helpers (infera.kvd.conn) -------------------------------------------------
+    _keys = staticmethod(request_keys)
+    _ints = staticmethod(request_ints)
 
     def check_batch(self, msg: dict[str, Any], spec: SliceSpec) -> None:
         """A request handled in slices, checked in full before the first (its handler checks
         each slice again): bad keys, items or lengths anywhere refuse it before anything is done."""
+        check_id(msg)
         first = self._keys(msg, spec.fields[0]) if spec.kind == "keys" else self._ints(msg, spec.fields[0])
         for field in spec.fields[1:]:
             vals = self._ints(msg, field)
@@ -112,9 +100,15 @@ class Ops:
 
     def op_hello(self, client: Client, msg: dict[str, Any]) -> Reply:
         assert self.store is not None and self.arena is not None
-        versions = msg.get("versions", [P.PROTOCOL_VERSION])
-        if not isinstance(versions, list) or not all(isinstance(v, int) for v in versions):
-            raise BadRequest("'versions' must be a list of integers")
+        versions = msg.get("versions")
+        if (
+            not isinstance(versions, list)
+            or not versions
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in versions)
+        ):
+            raise BadRequest(
+                "'versions' must be a non-empty list of integers: the protocol versions the client speaks"
+            )
         common = sorted(set(versions) & set(range(P.MIN_PROTOCOL_VERSION, P.PROTOCOL_VERSION + 1)))
         if not common:
             raise BadRequest(
@@ -289,7 +283,7 @@ class Ops:
         store = self.live_store
         keys = self._keys(msg)
         hold = msg.get("hold_ms", 0)
-        if not isinstance(hold, int | float) or hold < 0 or hold > 600_000:
+        if type(hold) not in (int, float) or not 0 <= hold <= 600_000:  # (NaN is out of range too)
             raise BadRequest("'hold_ms' must be a number between 0 and 600000")
         ikeys = self.ikeys(client, keys)
         count, slots = store.present(ikeys)
@@ -391,3 +385,8 @@ class Ops:
     def op_stats(self, client: Client, msg: dict[str, Any]) -> Reply:
         self.refresh_snapshot()
         return {"stats": self.snapshot_cache}
+
+
+# Every op handler checks the request's id first: one wrapper per op of the protocol's table.
+for _op in P.OPS:
+    setattr(Ops, f"op_{_op.lower()}", id_checked(getattr(Ops, f"op_{_op.lower()}")))

@@ -21,6 +21,7 @@ from textual.reactive import reactive
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Sparkline, Static
 
+from infera.display import printable
 from infera.tui import clients, panels
 from infera.tui.model import (
     DEFAULT_WINDOW_S,
@@ -293,7 +294,7 @@ class TopApp(App[int]):
         self.last_seen = time.strftime("%H:%M:%S")
         self.main.remove_class("-stale")
         if not was_connected and self.frames and self.poll:
-            self.notify(f"connected to kvd pid {stats.get('pid', '?')}", timeout=3)
+            self.notify(f"connected to kvd pid {printable(stats.get('pid', '?'))}", timeout=3, markup=False)
         self.render_all()
 
     def _put(self, wid: str, content: Any, shape: object = None) -> None:

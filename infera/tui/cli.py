@@ -6,11 +6,14 @@ stays fast and a base install says how to get it instead of failing with an Impo
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from infera.clikit import socket_option
 
 INSTALL_HINT = "install the extra: pip install 'infera-kvd[tui]'"
+NEEDS_TERMINAL = "kvd top needs a terminal; kvd stat --json prints the same counters"
 
 
 def top(
@@ -31,13 +34,15 @@ def run_top(socket: str | None, interval: float) -> int:
     from infera.clikit import missing_extra
     from infera.errors import UsageError
     from infera.kvd.protocol import default_socket_path
+    from infera.units import refresh_interval
 
-    if not 0.1 <= interval <= 3600:
-        raise UsageError(f"--interval: {interval:g} is out of range", hint="use between 0.1 and 3600 seconds")
+    interval = refresh_interval(interval, "--interval")
     try:
         import textual  # noqa: F401
     except ImportError:
         raise missing_extra("kvd top", "Textual", "tui") from None
+    if not sys.stdout.isatty():  # a full-screen program: escapes in a file, and no key ends it
+        raise UsageError(NEEDS_TERMINAL)
     from infera.tui.app import TopApp
 
     app = TopApp(socket or default_socket_path(), interval)

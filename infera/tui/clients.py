@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from infera.display import printable
 from infera.tui.model import format_count, format_duration, pin_state, sort_clients
 from infera.units import format_size
 
@@ -41,13 +42,14 @@ def pinned_cell(client: Mapping[str, Any]) -> str:
 
 def client_cells(client: Mapping[str, Any]) -> list[str]:
     """One row of the client table. A fallback row's last cell says why it fell back (last, so a
-    long reason never pushes the other columns off screen)."""
+    long reason never pushes the other columns off screen). What clients declared about themselves
+    has its control characters escaped: a newline in a name must not split the row."""
     path = str(client.get("data_path") or "arena")
     reason = ""
     if client.get("fallback"):
         path += " (fallback)"
         reason = str(client.get("fallback_reason") or "no reason given")
-    return [
+    cells = [
         str(client.get("pid", "")),
         str(client.get("name") or ""),
         str(client.get("role") or ""),
@@ -61,6 +63,7 @@ def client_cells(client: Mapping[str, Any]) -> list[str]:
         format_duration(client.get("connected_s", 0)),
         reason,
     ]
+    return [printable(cell) for cell in cells]
 
 
 def client_rows(stats: Mapping[str, Any], sort: str) -> list[tuple[str, list[str], bool]]:

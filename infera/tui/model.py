@@ -8,11 +8,12 @@ Nothing here imports Textual, so tests and the render benchmark can use it on it
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from infera.display import count, number
 
 # series name -> (STATS counter, label shown on screen, whether the value is a byte count)
 SERIES: dict[str, tuple[str, str, bool]] = {
@@ -35,8 +36,8 @@ class Sample:
 
 
 def _counter(stats: Mapping[str, Any], key: str) -> float:
-    value = stats.get(key, 0)
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else 0.0
+    value = number(stats.get(key, 0))
+    return float(value) if value is not None else 0.0
 
 
 class History:
@@ -103,21 +104,15 @@ class History:
 
 # sort name -> function giving a client row's sort key; `s` cycles through them in this order
 SORTS: dict[str, Any] = {
-    "pid": lambda c: (_int(c.get("pid")), _int(c.get("id"))),
-    "name": lambda c: (str(c.get("name") or ""), _int(c.get("pid"))),
-    "role": lambda c: (str(c.get("role") or ""), _int(c.get("pid"))),
-    "namespace": lambda c: (str(c.get("namespace") or ""), _int(c.get("pid"))),
-    "data path": lambda c: (not c.get("fallback"), str(c.get("data_path") or ""), _int(c.get("pid"))),
-    "requests": lambda c: (-_int(c.get("requests")), _int(c.get("pid"))),
-    "pinned": lambda c: (-_int(c.get("pinned_bytes")), _int(c.get("pid")), _int(c.get("id"))),
+    "pid": lambda c: (count(c.get("pid")), count(c.get("id"))),
+    "name": lambda c: (str(c.get("name") or ""), count(c.get("pid"))),
+    "role": lambda c: (str(c.get("role") or ""), count(c.get("pid"))),
+    "namespace": lambda c: (str(c.get("namespace") or ""), count(c.get("pid"))),
+    "data path": lambda c: (not c.get("fallback"), str(c.get("data_path") or ""), count(c.get("pid"))),
+    "requests": lambda c: (-count(c.get("requests")), count(c.get("pid"))),
+    "pinned": lambda c: (-count(c.get("pinned_bytes")), count(c.get("pid")), count(c.get("id"))),
 }
 SORT_ORDER = tuple(SORTS)
-
-
-def _int(value: Any) -> int:
-    if isinstance(value, float) and not math.isfinite(value):
-        return 0
-    return int(value) if isinstance(value, int | float) else 0
 
 
 def next_sort(current: str) -> str:
@@ -132,13 +127,13 @@ def sort_clients(clients: Iterable[Mapping[str, Any]], by: str) -> list[Mapping[
 
 def ratio(hits: Any, misses: Any) -> float | None:
     """hits / (hits + misses), or None when there were no lookups."""
-    h, m = _int(hits), _int(misses)
+    h, m = count(hits), count(misses)
     return h / (h + m) if h + m else None
 
 
 def fill(used: Any, capacity: Any) -> float | None:
     """used / capacity clamped to [0, 1], or None when the capacity is unknown."""
-    u, c = _int(used), _int(capacity)
+    u, c = count(used), count(capacity)
     if c <= 0:
         return None
     return min(1.0, max(0.0, u / c))
@@ -151,13 +146,13 @@ def pin_state(client: Mapping[str, Any]) -> tuple[int, float | None, int] | None
     budgets (no ``pinned_bytes`` field)."""
     if "pinned_bytes" not in client:
         return None
-    pinned, quota = _int(client.get("pinned_bytes")), _int(client.get("quota_bytes"))
-    return pinned, (pinned / quota if quota > 0 else None), _int(client.get("quota_refused"))
+    pinned, quota = count(client.get("pinned_bytes")), count(client.get("quota_bytes"))
+    return pinned, (pinned / quota if quota > 0 else None), count(client.get("quota_refused"))
 
 
 def format_count(value: Any) -> str:
     """An exact counter with thousands separators (the screen shows counters unrounded)."""
-    return f"{_int(value):,}"
+    return f"{count(value):,}"
 
 
 def format_rate(value: float, is_bytes: bool) -> str:
@@ -172,7 +167,7 @@ def format_rate(value: float, is_bytes: bool) -> str:
 
 
 def format_duration(seconds: Any) -> str:
-    s = _int(seconds)
+    s = count(seconds)
     days, s = divmod(s, 86400)
     hours, s = divmod(s, 3600)
     minutes, s = divmod(s, 60)

@@ -2,8 +2,10 @@
 
 Every function takes the STATS map as the daemon sent it and tolerates missing fields: only the
 core counters are guaranteed, and the long tier's section grows as backends gain features, so a
-field that is absent is simply not shown (never an exception). Counters are shown exactly, with
-thousands separators, so what is on screen can be checked against ``kvd stat --json``.
+field that is absent is simply not shown (never an exception), and one of an unexpected type is
+shown as absent too (:mod:`infera.display`). Text that came from the daemon or its clients has its
+control characters escaped. Counters are shown exactly, with thousands separators, so what is on
+screen can be checked against ``kvd stat --json``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 from rich.text import Text
 
 from infera import loadreport
+from infera.display import items, mapping, number, printable
 from infera.tui.model import Sample, fill, format_count, format_duration, ratio
 from infera.units import format_size
 
@@ -49,16 +52,8 @@ LONG_KNOWN = {
 _EIGHTHS = " ▏▎▍▌▋▊▉"
 
 
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
 def long_tier(stats: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    tiers = _map(stats.get("tiers"))
+    tiers = mapping(stats.get("tiers"))
     long = tiers.get("long")
     return long if isinstance(long, Mapping) else None
 
@@ -99,18 +94,18 @@ def status_line(
     if not connected:
         out.append(" DISCONNECTED ", style="bold white on red")
         if socket not in reason:
-            out.append(f" {socket}", style="bold")
-        out.append(f" {reason or 'no daemon'}; retrying every {interval:g}s", style="red")
+            out.append(f" {printable(socket)}", style="bold")
+        out.append(f" {printable(reason or 'no daemon')}; retrying every {interval:g}s", style="red")
         if last_seen:
             out.append(f"; numbers below are from {last_seen}", style="red")
         return out
     out.append(" live ", style="bold black on green")
-    out.append(f" {socket}", style="bold")
+    out.append(f" {printable(socket)}", style="bold")
     if stats:
-        out.append(f"  kvd {stats.get('version', '?')}  pid {stats.get('pid', '?')}")
+        out.append(f"  kvd {printable(stats.get('version', '?'))}  pid {printable(stats.get('pid', '?'))}")
         out.append(f"  up {format_duration(stats.get('uptime_s', 0))}")
         out.append(
-            f"  clients {format_count(stats.get('clients_connected', len(_list(stats.get('clients')))))}"
+            f"  clients {format_count(stats.get('clients_connected', len(items(stats.get('clients')))))}"
         )
     return out
 
@@ -122,7 +117,7 @@ def grid(rows: Sequence[Sequence[str | Text]], justify: str, styles: Sequence[st
     ncol = len(justify)
     cells = [
         [
-            c if isinstance(c, Text) else Text(c, style=styles[i] if i < len(styles) else "")
+            c if isinstance(c, Text) else Text(printable(c), style=styles[i] if i < len(styles) else "")
             for i, c in enumerate(row)
         ]
         for row in rows
@@ -153,7 +148,7 @@ def cache_table(stats: Mapping[str, Any], sample: Sample | None) -> Text:
     rows: list[list[str | Text]] = [["", Text("hits", dim), Text("misses", dim), Text("hit ratio", dim)]]
     hits, misses = stats.get("hits_total", 0), stats.get("misses_total", 0)
     rows.append(["all", format_count(hits), format_count(misses), Text(pct(ratio(hits, misses)), "bold")])
-    tiers = _map(stats.get("tiers"))
+    tiers = mapping(stats.get("tiers"))
     for name in ("ram", "long"):
         tier = tiers.get(name)
         if isinstance(tier, Mapping):
@@ -205,7 +200,8 @@ def capacity_text(stats: Mapping[str, Any], width: int = 30) -> Text:
 
 
 def _num(value: Any) -> float:
-    return float(value) if isinstance(value, int | float) else 0.0
+    n = number(value)
+    return float(n) if n is not None else 0.0
 
 
 def health_table(stats: Mapping[str, Any]) -> Text:
@@ -237,23 +233,23 @@ def _scalar(value: Any) -> str:
         return f"{value:.3g}"
     if isinstance(value, int) and not isinstance(value, bool):
         return format_count(value)
-    return str(value)
+    return printable(value)
 
 
 def long_extras(long: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Fields of the long tier beyond the known ones (latencies, error counts, endpoints...),
     flattened one level, so backends can add numbers without a TUI change."""
     out: list[tuple[str, str]] = []
-    for key in sorted(long):
+    for key in sorted(long, key=str):
         if key in LONG_KNOWN:
             continue
         value = long[key]
         if isinstance(value, Mapping):
-            for sub in sorted(value):
+            for sub in sorted(value, key=str):
                 if not isinstance(value[sub], Mapping | list):
-                    out.append((f"{key}.{sub}", _scalar(value[sub])))
+                    out.append((printable(f"{key}.{sub}"), _scalar(value[sub])))
         elif value is not None and not isinstance(value, list):
-            out.append((key, _scalar(value)))
+            out.append((printable(key), _scalar(value)))
     return out
 
 
@@ -262,8 +258,8 @@ def long_table(stats: Mapping[str, Any]) -> Text:
     long = long_tier(stats)
     if long is None:
         return Text("no long tier: RAM only (start kvd with --long-path or --long-backend)", style="dim")
-    backend = str(long.get("backend") or stats.get("long_backend") or "?")
-    state = str(long.get("state") or "unknown")
+    backend = printable(long.get("backend") or stats.get("long_backend") or "?")
+    state = printable(long.get("state") or "unknown")
     level = "L4" if backend in L4_BACKENDS else "L3"
     read, written = format_size(_num(long.get("bytes_read"))), format_size(_num(long.get("bytes_written")))
     rows: list[list[str | Text]] = [
@@ -272,15 +268,15 @@ def long_table(stats: Mapping[str, Any]) -> Text:
         ["chunks", format_count(long.get("chunks", 0))],
         ["read / written", f"{read} / {written}"],
     ]
-    load = long.get("index_load_s")
-    if isinstance(load, int | float) and not isinstance(load, bool):
+    load = number(long.get("index_load_s"))
+    if load is not None:
         source = long.get("index_source")
         rows.append(["index load", f"{load:.2f} s" + (f" ({source})" if source else "")])
     if long.get("reconcile"):
-        took = long.get("reconcile_s")
+        took = number(long.get("reconcile_s"))
         rows.append(["reconcile", str(long["reconcile"]) + (f" in {took:.2f} s" if took is not None else "")])
     if long.get("last_error"):
-        rows.append(["last error", Text(str(long["last_error"]), style="red")])
+        rows.append(["last error", Text(printable(long["last_error"]), style="red")])
     out = grid(rows, "ll", ("bold",))
     extras = long_extras(long)
     if extras:
@@ -296,8 +292,8 @@ def long_table(stats: Mapping[str, Any]) -> Text:
 def warning_lines(stats: Mapping[str, Any]) -> list[str]:
     """The daemon's own warnings (which name a client whose PUT keys its pin quota refused), then
     one line per client that fell back to a slower path."""
-    out = [str(w) for w in _list(stats.get("warnings"))]
-    for c in _list(stats.get("clients")):
+    out = [str(w) for w in items(stats.get("warnings"))]
+    for c in items(stats.get("clients")):
         if isinstance(c, Mapping) and c.get("fallback"):
             out.append(
                 f"pid {c.get('pid')} ({c.get('name') or '?'}) fell back to {c.get('data_path') or '?'}: "
@@ -325,7 +321,7 @@ def warnings_text(stats: Mapping[str, Any]) -> Text:
         if i:
             out.append("\n")
         out.append("⚠ ", style="bold yellow")
-        out.append(line)
+        out.append(printable(line))
     return out
 
 

@@ -100,31 +100,31 @@ def test_specific_bad_frames_then_service_continues(daemon: Daemon) -> None:
         [_frame({"op": "GET", "id": 1, "keys": [b"a"]})],  # before HELLO
         [_frame({"op": "HELLO", "id": 1, "versions": [99]})],
         [
-            _frame({"op": "HELLO", "id": 1, "want_arena": False}),
+            _frame({"op": "HELLO", "id": 1, "versions": [1], "want_arena": False}),
             _frame({"op": "PUT", "id": 2, "keys": [b"a"], "lengths": [-5]}),
         ],
         [
-            _frame({"op": "HELLO", "id": 1, "want_arena": False}),
+            _frame({"op": "HELLO", "id": 1, "versions": [1], "want_arena": False}),
             _frame({"op": "PUT", "id": 2, "keys": [b"a"], "lengths": [2**62]}),
         ],
         [
-            _frame({"op": "HELLO", "id": 1, "want_arena": False}),
+            _frame({"op": "HELLO", "id": 1, "versions": [1], "want_arena": False}),
             _frame({"op": "SEAL", "id": 2, "tokens": [1, 2, 3]}),
         ],
         [
-            _frame({"op": "HELLO", "id": 1, "want_arena": False}),
+            _frame({"op": "HELLO", "id": 1, "versions": [1], "want_arena": False}),
             _frame({"op": "RELEASE", "id": 2, "leases": [10**9]}),
         ],
         [
-            _frame({"op": "HELLO", "id": 1, "want_arena": False}),
+            _frame({"op": "HELLO", "id": 1, "versions": [1], "want_arena": False}),
             _frame({"op": "REPORT", "id": 2, "report": {"counters": {"a": "b"}}}),
         ],
         [
-            _frame({"op": "HELLO", "id": 1, "want_arena": False}),
+            _frame({"op": "HELLO", "id": 1, "versions": [1], "want_arena": False}),
             _frame({"op": "LOOKUP", "id": 2, "keys": [b"a"] * 70000}),
         ],
         [
-            _frame({"op": "HELLO", "id": 1, "want_arena": False}),
+            _frame({"op": "HELLO", "id": 1, "versions": [1], "want_arena": False}),
             b"\x00\x00",
         ],  # truncated header, then hang up
     ]

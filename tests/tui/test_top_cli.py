@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -17,6 +18,29 @@ def test_interval_out_of_range_is_a_usage_error() -> None:
     assert result.exit_code == 2
     assert "error: --interval: 0 is out of range" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0.05", "3601"])
+def test_interval_shares_the_range_of_stat_watch(value: str) -> None:
+    result = CliRunner().invoke(app, ["top", "--interval", value])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"error: --interval: {float(value):g} is out of range")
+    assert "between 0.1 and 3600 seconds" in result.output
+
+
+def test_stdout_that_is_not_a_terminal_is_refused(daemon) -> None:  # type: ignore[no-untyped-def]
+    """``kvd top > file`` wrote escapes into the file and ran until killed."""
+    out = subprocess.run(
+        [sys.executable, "-c", "from infera.cli import main; main()", "top", "--socket", daemon.socket],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert out.stdout == b""
+    assert (
+        out.stderr.decode() == "error: kvd top needs a terminal; kvd stat --json prints the same counters\n"
+    )
 
 
 def test_missing_textual_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:

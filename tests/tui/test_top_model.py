@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import io
 import json
+import unicodedata
 from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
+from infera.kvd.statctl import render_text, to_json
 from infera.tui import clients as client_table
 from infera.tui import panels
 from infera.tui.model import SORT_ORDER, History, next_sort, sort_clients
@@ -211,13 +213,18 @@ def test_pinned_sort_puts_the_largest_first_and_missing_fields_last() -> None:
     ]
 
 
+# what msgpack can carry: NaN and infinities, byte strings, map keys of any scalar type
 JSONISH = st.recursive(
     st.none()
     | st.booleans()
-    | st.integers(-(2**40), 2**40)
-    | st.floats(allow_nan=False)
-    | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    | st.integers(-(2**64), 2**64)
+    | st.floats()
+    | st.text(max_size=20)
+    | st.binary(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(max_size=8) | st.integers() | st.binary(max_size=4), inner, max_size=3)
+    ),
     max_leaves=8,
 )
 FIELDS = [
@@ -239,28 +246,50 @@ FIELDS = [
     "uptime_s",
     "version",
     "clients_connected",
+    "clients_omitted",
     "long_backend",
+    "bytes_in_total",
+    "bytes_out_total",
+]
+LONG_FIELDS = sorted(
+    panels.LONG_KNOWN
+    | {"x", "path", "connected", "endpoint", "latency_ms", "errors", "reconcile_added", "files_other_version"}
+)
+CLIENT_FIELDS = [
+    "pid",
+    "name",
+    "fallback",
+    "fallback_reason",
+    "data_path",
+    "requests",
+    "id",
+    "pinned_bytes",
+    "quota_bytes",
+    "quota_refused",
+    "counters",
+    "kv_layout",
+    "namespace",
+    "role",
+    "model",
+    "connected_s",
 ]
 
 
 @settings(max_examples=60, deadline=None)
 @given(
     st.dictionaries(st.sampled_from(FIELDS), JSONISH, max_size=8),
-    st.dictionaries(st.sampled_from(["backend", "state", "chunks", "capacity", "bytes_used", "x"]), JSONISH),
-    st.lists(
-        st.dictionaries(
-            st.sampled_from(
-                ["pid", "name", "fallback", "requests", "id", "pinned_bytes", "quota_bytes", "quota_refused"]
-            ),
-            JSONISH,
-        ),
-        max_size=3,
-    ),
+    st.dictionaries(st.sampled_from(LONG_FIELDS), JSONISH),
+    st.lists(st.dictionaries(st.sampled_from(CLIENT_FIELDS), JSONISH) | JSONISH, max_size=3),
 )
-def test_panels_never_raise_on_odd_replies(top: dict, long: dict, clients: list) -> None:
-    """A newer or older daemon may send fields of other types; the screen must still draw."""
+def test_panels_and_stat_never_raise_on_odd_replies(top: dict, long: dict, clients: list) -> None:
+    """A newer, older or odd server may send fields of other types; the screen must still draw,
+    ``kvd stat`` still print (its JSON still JSON), and no control character reach the terminal."""
     variants = [top, {**top, "tiers": {"long": long}}, {**top, "clients": clients}]
     for stats in variants:
+        for all_fields in (False, True):
+            text = render_text(stats, all_fields)
+            assert all(_safe(line) for line in text.split("\n")), repr(text)
+        json.loads(to_json(stats), parse_constant=_no_constant)
         for render in (panels.capacity_text, panels.health_table, panels.long_table, panels.warnings_text):
             _plain(render(stats))
         _plain(panels.cache_table(stats, None))
@@ -270,3 +299,46 @@ def test_panels_never_raise_on_odd_replies(top: dict, long: dict, clients: list)
         h = History(3)
         h.add(stats, 0.0)
         h.add(stats, 1.0)
+        for sort in SORT_ORDER:
+            for _key, cells, _hl in client_table.client_rows(stats, sort):
+                assert all(_safe(c) for c in cells), cells
+
+
+def _safe(text: str) -> bool:
+    """No control character, line separator or bidirectional override (what a terminal acts on)."""
+    return not any(
+        unicodedata.category(ch) in ("Cc", "Zl", "Zp") or ch in "\u202a\u202b\u202d\u202e" for ch in text
+    )
+
+
+def _no_constant(name: str) -> None:
+    raise AssertionError(f"kvd stat --json wrote {name}, which is not JSON")
+
+
+def test_client_text_cannot_split_a_row_or_reach_the_terminal_raw() -> None:
+    client = {
+        "pid": 7,
+        "name": "eng\nine\x1b[2J",
+        "model": "m\u202e",
+        "fallback": True,
+        "fallback_reason": "a\rb",
+    }
+    cells = client_table.client_cells(client)
+    assert cells[1] == "eng\\nine\\x1b[2J" and cells[4] == "m\\u202e" and cells[-1] == "a\\rb"
+    warned = _plain(panels.warnings_text({"clients": [client], "warnings": ["w\x1b]0;title\x07"]}))
+    assert "\x1b" not in warned and "\\x1b]0;title\\x07" in warned
+
+
+def test_a_wrong_typed_long_tier_field_is_shown_as_absent() -> None:
+    """It used to raise (ValueError: Unknown format code 'f' for a str) and the whole screen
+    said DISCONNECTED; docs/top.md promises such a field is shown as absent."""
+    long = {
+        "backend": "disk",
+        "state": "ready",
+        "reconcile": "finished",
+        "reconcile_s": "soon",
+        "index_load_s": "x",
+    }
+    text = _plain(panels.long_table({"tiers": {"long": long}}))
+    assert "reconcile" in text and "finished" in text and "soon" not in text
+    assert "index load" not in text

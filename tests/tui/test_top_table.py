@@ -69,3 +69,25 @@ def test_long_cells_are_cut_with_an_ellipsis() -> None:
             assert "org/xxx" in text and "…" in text and "x" * 80 not in text
 
     run(body)
+
+
+def test_odd_fields_and_control_characters_keep_the_dashboard_live() -> None:
+    """A wrong-typed field is shown as absent (it was 'DISCONNECTED: cannot show the daemon's
+    reply'), and a newline or escape in a client's name neither splits its row nor reaches the
+    terminal."""
+
+    async def body() -> None:
+        stats = synthetic_stats(3, 1)
+        stats["clients"][0]["name"] = "evil\nrow\x1b[2J"
+        stats["arena_bytes_used"] = "lots"
+        stats["pid"] = "[b]x[/nope]"  # markup in a field is shown as text, never parsed
+        stats["tiers"]["long"] = {"backend": "disk", "reconcile": "finished", "reconcile_s": "x"}
+        async with showing(stats) as (app, pilot):
+            app.show_stats(stats, 1.0)
+            await pilot.pause()
+            text = screen_text(app)
+            assert app.connected and "DISCONNECTED" not in text
+            assert "evil\\nrow\\x1b[2J" in text and "pid [b]x[/nope]" in text
+            assert not any(line.strip().startswith("row") for line in text.splitlines())
+
+    run(body)

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from infera.kvd import chunkfile as cf
+from infera.kvd import envvars
 from infera.kvd.keyspace import Namespace, key_of
 from infera.kvd.store import Chunk
 from infera.kvd.tiers import diskfs, diskread, diskscan
@@ -48,10 +49,6 @@ log = logging.getLogger("infera.kvd.disk")
 READERS = 4
 SECOND_CHANCES = 64  # files spared per eviction pass because their chunk is in RAM
 STOP_BUDGET_S = 10.0  # a clean stop's last attempt at unwritten chunks (INFERA_KVD_DISK_STOP_S)
-
-
-def _env(name: str) -> float:
-    return float(os.environ.get(name, "0"))
 
 
 class DiskTier(AdoptMixin, LoadMixin, CheckpointMixin, ReconcileMixin):
@@ -76,7 +73,7 @@ class DiskTier(AdoptMixin, LoadMixin, CheckpointMixin, ReconcileMixin):
         self._failing: dict[str, float] = {}
         self._deleted_while_loading: set[bytes] = set()
         self._young_temps: list[str] = []
-        self._test_write_delay = _env("INFERA_KVD_TEST_WRITE_DELAY_S")  # a slow disk on demand
+        self._test_write_delay = envvars.get("INFERA_KVD_TEST_WRITE_DELAY_S", 0.0)  # a slow disk on demand
         self.loading = True
         self.index_load_s: float | None = None
         self.last_error: str | None = None
@@ -90,11 +87,11 @@ class DiskTier(AdoptMixin, LoadMixin, CheckpointMixin, ReconcileMixin):
             ),
             0,
         )
-        writers = int(_env("INFERA_KVD_DISK_WRITERS")) or cfg.long_writers
-        retry_s = _env("INFERA_KVD_DISK_RETRY_S") or 1.0
+        writers = int(envvars.get("INFERA_KVD_DISK_WRITERS", cfg.long_writers))
+        retry_s = envvars.get("INFERA_KVD_DISK_RETRY_S", 1.0)
         self.writes = WriteThrough(host, self, "disk-write", writers, cfg.long_write_queue, retry_s)
         self._files = diskread.FileReader(host.arena.view, self.root, self.root_fd)
-        readers = int(_env("INFERA_KVD_DISK_READERS")) or READERS
+        readers = int(envvars.get("INFERA_KVD_DISK_READERS", READERS))
         self.reads = Promotions(host, self, "disk-read", readers, deadline_s=None)
         self._init_journal()
         self._load_started = time.monotonic()
@@ -343,7 +340,7 @@ class DiskTier(AdoptMixin, LoadMixin, CheckpointMixin, ReconcileMixin):
     def close(self) -> None:
         """A clean stop (SIGTERM): the pipeline's last attempt at unwritten ``long`` chunks, then
         every thread stops before the arena goes; then the index is saved for the next start."""
-        stopped = self.writes.stop(_env("INFERA_KVD_DISK_STOP_S") or STOP_BUDGET_S)
+        stopped = self.writes.stop(envvars.get("INFERA_KVD_DISK_STOP_S", STOP_BUDGET_S))
         self.reads.close(timeout=5.0)
         self.save_index(stopped)
         for fd in (self._lock_fd, self.root_fd):

@@ -24,6 +24,7 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from infera.kvd import envvars
 from infera.kvd.tiers import diskindex, diskjournal
 from infera.units import format_size
 
@@ -34,10 +35,6 @@ log = logging.getLogger("infera.kvd.disk")
 
 CHECKPOINT_RECORDS = 262144  # journal records that trigger a checkpoint rewrite (at least)
 RETRY_S = 60.0  # after a failed checkpoint rewrite
-
-
-def _env(name: str) -> float:
-    return float(os.environ.get(name, "0"))
 
 
 class CheckpointMixin:
@@ -55,8 +52,10 @@ class CheckpointMixin:
         self._rewriting = False
         self._next_records = 0
         self._retry_at = 0.0
-        self._ckpt_records = int(_env("INFERA_KVD_TEST_CHECKPOINT_RECORDS")) or CHECKPOINT_RECORDS
-        self._ckpt_delay = _env("INFERA_KVD_TEST_CHECKPOINT_DELAY_S")  # lets tests kill mid-rewrite
+        self._ckpt_records = int(envvars.get("INFERA_KVD_TEST_CHECKPOINT_RECORDS", CHECKPOINT_RECORDS))
+        self._ckpt_delay = envvars.get(
+            "INFERA_KVD_TEST_CHECKPOINT_DELAY_S", 0.0
+        )  # lets tests kill mid-rewrite
         # fkeys the loop changed while the reconcile may be comparing (it never overrides them)
         self._touched: set[bytes] | None = set()
 

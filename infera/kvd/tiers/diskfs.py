@@ -60,6 +60,16 @@ def open_tree(root: str) -> tuple[int, int]:
     """Create and lock the tier root: (root descriptor, lock descriptor). KvdError if unusable."""
     try:
         os.makedirs(root, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # a file at the path, or in the way of it
+        raise KvdError(
+            f"--long-path {root} is not a directory (a file is at the path or in the way of it)",
+            hint="give the disk tier a directory of its own (it is created if missing)",
+        ) from None
+    except OSError as exc:
+        raise KvdError(
+            f"--long-path {root}: {exc.strerror}", hint="give a directory this user can create and write"
+        ) from None
+    try:
         root_fd = open_root(root)
         os.close(cf.open_dir_at(root_fd, [cf.VERSION_DIR], create=True))
         fd = open_lock(root_fd)

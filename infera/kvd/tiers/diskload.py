@@ -22,6 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from infera.kvd import envvars
 from infera.kvd.tiers import diskindex, diskjournal
 from infera.units import format_size
 
@@ -67,9 +68,9 @@ class LoadMixin:
     index_detail: str = ""
 
     def _load(self) -> None:
-        delay = os.environ.get("INFERA_KVD_TEST_LOAD_DELAY_S")  # lets tests observe "loading"
+        delay = envvars.get("INFERA_KVD_TEST_LOAD_DELAY_S", 0.0)  # lets tests observe "loading"
         if delay:
-            time.sleep(float(delay))
+            time.sleep(delay)
         loaded = diskindex.restore(self.root, self.root_fd)
         entries = loaded.entries  # oldest first; each batch goes to the LRU front, newest first
         for i in range(len(entries), 0, -MERGE_BATCH):
@@ -140,7 +141,7 @@ class LoadMixin:
             self.reads.corrupt(what, outcome)
         if result.ignored:
             log.warning("disk tier: %d links, directories or FIFOs under chunk names ignored", result.ignored)
-        self._make_room(0)
+        self._evict_over_capacity()
         other = result.other_version
         how = (
             f"scanned {len(result.entries)} files ({loaded.detail})"
@@ -153,6 +154,21 @@ class LoadMixin:
             self.index_load_s,
             f"; {other} files of another format version left alone" if other else "",
         )
+
+    def _evict_over_capacity(self) -> None:
+        """Once loaded, the tier holds at most ``--long-bytes``: what is on disk beyond it is
+        evicted now, least recently used first. That deletes files, and a capacity typed too
+        small (256M for 256G) would empty a cache: a WARNING says how much went and why."""
+        files, nbytes, evicted = len(self.index), self.bytes_used, self.c["evicted_files"]
+        self._make_room(0)
+        gone = self.c["evicted_files"] - evicted
+        if gone and nbytes > self.capacity:
+            log.warning(
+                "disk tier %s: --long-bytes %s is below the %s of chunk files on disk: evicted %d of "
+                "%d chunk files (%s) at start, least recently used first",
+                *(self.root, format_size(self.capacity), format_size(nbytes), gone, files),
+                format_size(nbytes - self.bytes_used),
+            )
 
     def save_index(self, writes_stopped: bool) -> None:
         """A clean stop, after the last write: the index as the next start's checkpoint (with fan

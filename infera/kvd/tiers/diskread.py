@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from infera.kvd import chunkfile as cf
+from infera.kvd import envvars
 from infera.kvd.arena import align_up
 from infera.kvd.keyspace import fkey_key
 from infera.kvd.tiers.diskfs import file_path, quarantine
@@ -29,7 +30,7 @@ class FileReader:
         self._arena = arena
         self.root = root
         self.root_fd = root_fd
-        self.direct = os.environ.get("INFERA_KVD_DISK_DIRECT", "1") != "0"
+        self.direct = bool(envvars.get("INFERA_KVD_DISK_DIRECT", 1))
 
     def read(self, job: ReadJob) -> tuple[str, Any]:
         """File -> arena region, verified; recency (the file's mtime) is refreshed."""
