@@ -180,7 +180,7 @@ class Server(NetIO, NetOut, Ops, SliceRunner):
         if reply is None:
             return
         rid = msg.get("id", 0) if isinstance(msg, dict) else 0
-        reply["id"] = rid if isinstance(rid, int) else 0
+        reply["id"] = rid if type(rid) is int else 0  # a bool is an int to isinstance
         reply.setdefault("ok", True)
         fds = reply.pop("_fds", None)
         self._send(client, reply, fds)
