@@ -29,6 +29,7 @@ from typing import Any
 from infera.bench.args import at_least, one_of, size_at_least
 from infera.bench.common import machine_line, ratio_table, temp_daemon
 from infera.errors import KvdError
+from infera.kvd import envvars
 from infera.kvd.flags.parse import MIN_ARENA
 from infera.kvd.process import wait_until
 from infera.units import format_size
@@ -229,6 +230,7 @@ def run_disk_bench(
     at_least(chunks, "--chunks")
     at_least(files, "--files", 0)
     one_of(fsync, "--fsync", ("none", "data", "always"))
+    envvars.check("disk")  # the daemon's own INFERA_KVD_DISK_* settings, before anything starts
     parent = path or os.environ.get("TMPDIR") or "/var/tmp"
     try:
         base = tempfile.mkdtemp(prefix="kvd-bench-disk-", dir=parent)
@@ -277,7 +279,7 @@ def run_disk_bench(
             res["tier_read_fresh_arena_gbps"] = total / _tier_read(sock, keys, size, 0) / 1e9
         # the main figure: cold files, arena pages touched once
         raw_r, tier_r, files_r = [], [], []
-        readers = int(os.environ.get("INFERA_KVD_DISK_READERS", "0")) or 4
+        readers = int(envvars.get("INFERA_KVD_DISK_READERS", 0)) or 4
         for _ in range(ROUNDS):
             _drop_cache(raw)
             raw_r.append(_raw_read(raw, size))

@@ -84,6 +84,19 @@ def test_bad_arguments_are_one_line_usage_errors_before_anything_starts(
     assert not list(tmp_path.iterdir()), "nothing is made before the arguments are checked"
 
 
+def test_a_bad_disk_tier_environment_variable_is_refused_before_the_disk_bench_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("INFERA_KVD_DISK_READERS", "abc")
+    monkeypatch.setattr(subprocess, "Popen", _no_process)
+    result = CliRunner().invoke(app, ["bench", "disk", "--chunks", "1"])
+    assert result.exit_code == 2, result.output
+    assert _only_error_lines(result.output)[0].startswith("error: INFERA_KVD_DISK_READERS: 'abc' is not")
+    assert not list(tmp_path.iterdir())
+
+
 def test_gpu_e2e_without_vllm_is_refused_up_front_as_ttft_is(tmp_path: Path) -> None:
     # in a subprocess: this test process finds tests/vllm as a namespace package named vllm
     find = "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)"
