@@ -124,6 +124,18 @@ def small_chunk(tokens: int, gpu_direct: bool | None) -> str | None:
     return None
 
 
+def chunk_never_hits(chunk_tokens: int, max_model_len: int | None) -> str | None:
+    """Why chunks of ``chunk_tokens`` tokens never give a hit on an engine whose prompts hold at most
+    ``max_model_len`` tokens, or None. A chunk is stored once a prompt holds all of its tokens, and
+    loaded only for a prompt with at least one token more (vLLM computes the last token itself)."""
+    if not max_model_len or chunk_tokens < max_model_len:
+        return None
+    return (
+        f"a chunk is {chunk_tokens} tokens but max_model_len is {max_model_len}: no prompt holds a "
+        "whole chunk and one token more, so every request misses"
+    )
+
+
 @dataclass(frozen=True)
 class ChunkSetting:
     """One process's ``INFERA_KVD_CHUNK_TOKENS`` as the connector will take it.

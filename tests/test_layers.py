@@ -36,6 +36,8 @@ LAYERS: dict[str, str] = {
     "infera.display": "contract",  # what a daemon sent, on a terminal: escaped, tolerant of odd types
     "infera.versions": "contract",
     "infera.keyrules": "contract",  # the one table of key rules tools and connector share
+    # the connector's INFERA_KVD_* settings: the connector, its entry point and kvd lint parse them alike
+    "infera.engine.vllm.config": "contract",
     "infera.kvlayout": "contract",  # the kv_layout an engine declares at HELLO, rendered per namespace
     "infera.loadreport": "contract",  # the load policy's counters an engine REPORTs, rendered
     "infera.kvd.protocol": "contract",  # frames, HELLO, default socket path, arena mapping

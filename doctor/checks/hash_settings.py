@@ -13,12 +13,19 @@ from collections import defaultdict
 
 from infera.doctor.checks import process_evidence
 from infera.doctor.context import Context
-from infera.doctor.facts.daemon import client_label, daemon, engine_clients
+from infera.doctor.facts.daemon import (
+    ClientEngine,
+    client_engines,
+    client_label,
+    client_name,
+    daemon,
+    engine_clients,
+)
 from infera.doctor.facts.engines import describe_settings, effective_seed, local_vllm_version, scan
 from infera.doctor.facts.versions import parse_version
 from infera.doctor.model import CheckResult, Evidence, Status, skip, worst
 from infera.doctor.registry import check
-from infera.keyrules import fingerprint_conflicts
+from infera.keyrules import fingerprint_conflicts, random_seed_reason
 
 RULE = (
     "set the same PYTHONHASHSEED on every engine (prefill and decode legs included), or leave it unset on "
@@ -76,8 +83,20 @@ def hash_settings(ctx: Context) -> CheckResult:
                 "daemon",
             )
         )
+    # An engine the process scan judged is not judged again from what it declared; any other
+    # (an LLM(...) script, an engine whose environment was not readable) is, by its declaration.
+    judged = {pid for eng in engines if eng.seed_known for pid in (eng.pid, *eng.children)}
+    scanned = {pid for eng in engines for pid in (eng.pid, *eng.children)}
+    declared = [e for e in client_engines(clients) if not e.pids & judged]
+    for unit in declared:
+        problem = _declared_random_seed(unit)
+        if problem:
+            findings.append((Status.FAIL, f"{unit.label}: {problem}"))
+            culprits.append(unit.pid)
     for model, fps in fingerprint_conflicts(clients):
-        parts = "; ".join(f"{fp}: {', '.join(client_label(c) for c in who)}" for fp, who in fps.items())
+        parts = "; ".join(
+            f"{fp}: {', '.join(dict.fromkeys(map(client_name, who)))}" for fp, who in fps.items()
+        )
         findings.append(
             (Status.FAIL, f"daemon clients of model {model} declare different hash settings ({parts})")
         )
@@ -93,8 +112,22 @@ def hash_settings(ctx: Context) -> CheckResult:
     status = worst((s for s, _ in findings), Status.OK)
     if status is Status.OK:
         what = ", ".join(sorted(seeds)) or "declared fingerprints match"
-        n = len(engines) + len(clients)
+        n = len(engines) + sum(1 for e in declared if not e.pids & scanned)
         return CheckResult(Status.OK, f"{n} engine(s) agree ({what})", ev, details=[f"rule: {RULE}"])
     problems = [t for s, t in findings if s is not Status.OK]
     fix = RULE + (f"; restart pid {', '.join(map(str, culprits))} with the setting fixed" if culprits else "")
     return CheckResult(status, "; ".join(problems), ev, fix=fix if status is Status.FAIL else None)
+
+
+def _declared_random_seed(unit: ClientEngine) -> str | None:
+    """Why an engine connected to the daemon draws its hash seed per process, from the hash settings
+    (and the vLLM version in ``kv_layout``) it declared at HELLO; None when it does not."""
+    for c in unit.clients:
+        settings = c.get("hash_settings") or {}
+        if settings.get("seed") != "random":
+            continue
+        layout = c.get("kv_layout") or {}
+        version = parse_version(str(layout.get("vllm") or "")) if isinstance(layout, dict) else None
+        reason = random_seed_reason(str(settings.get("algo") or "?"), version)
+        return f"declared a random hash seed to the daemon ({reason}), so no other engine finds its chunks"
+    return None

@@ -103,10 +103,13 @@ def build_snapshot(server: StatsSource) -> dict[str, Any]:
 
 
 def hash_warnings(clients: list[dict[str, Any]]) -> list[str]:
-    """Warn when clients serving the same model declare different hash settings (their keys never meet)."""
+    """Warn when clients serving the same model declare different hash settings (their keys never meet).
+    Each process is named once: an engine's scheduler and worker halves may share one."""
     out = []
     for model, fps in fingerprint_conflicts(clients):
-        parts = "; ".join(f"{fp}: {', '.join(_pid(c) for c in who)}" for fp, who in fps.items())
+        parts = "; ".join(
+            f"{fp}: {', '.join(dict.fromkeys(_pid(c) for c in who))}" for fp, who in fps.items()
+        )
         out.append(
             f"engines of model {model} disagree on hash settings, so they never share chunks ({parts})"
         )

@@ -2,11 +2,14 @@
 
 A rule's docstring names one as ``{{NAME}}`` on a line of its own; :func:`expand` puts the fenced
 block in when the rule is registered, so each is written once and the pages cannot disagree about it.
+``CONNECTOR_VARIABLES`` is the list of the connector's variables, from its own table.
 """
 
 from __future__ import annotations
 
 import re
+
+from infera.engine.vllm.config import VARIABLES
 
 
 def _fenced(lang: str, text: str) -> str:
@@ -49,6 +52,9 @@ EXAMPLES = {
         "INFERA_KVD_SOCKET=/var/run/infera-kvd.sock python -m infera.engine.vllm ...",
     ),
 }
+
+# not an example: the variables KVD408 checks, from the connector's own table (never a stale list)
+EXAMPLES["CONNECTOR_VARIABLES"] = ", ".join(f"`{v.name}`" for v in VARIABLES) + "."
 
 _NAME = re.compile(r"^\{\{(\w+)\}\}$", re.M)
 

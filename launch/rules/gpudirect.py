@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
+from infera.engine.vllm import config
+from infera.errors import UsageError
 from infera.keyrules import AIS_ENV as AIS
 from infera.keyrules import ROOTS_ENV as ROOTS
 from infera.launch.model import Deployment, Leg, norm_path
@@ -19,14 +20,12 @@ def ais_on(leg: Leg) -> bool:
 
 
 def parse_roots(text: str) -> dict[str, str] | None:
-    """``long=/nvme/kvd-long,scratch=/x`` -> {name: path}; None when malformed."""
-    out: dict[str, str] = {}
-    for item in text.split(","):
-        name, sep, path = item.strip().partition("=")
-        if not sep or not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or not path:
-            return None
-        out[name] = path
-    return out
+    """``long=/nvme/kvd-long,scratch=/x`` -> {name: path}, as the connector reads it; None when the
+    connector refuses the value (KVD408 reports why)."""
+    try:
+        return config.parse_roots(text)
+    except UsageError:
+        return None
 
 
 @rule(

@@ -171,8 +171,10 @@ def kvd_role(dep: Deployment, ctx: Context) -> Iterator[Hit]:
     connector of a single-host engine or a child of a prefill leg's `MultiConnector`.
 
     ## Why it matters
-    kvd is a cache below the GPU: it stores KV blocks and loads them back. A child's role is what that
-    child acts on, so `kv_producer` would only store and `kv_consumer` only load. In prefill/decode the
+    kvd is a cache below the GPU: it stores KV blocks and loads them back. The connector acts on its own
+    role (a `MultiConnector` child's role is the child's): with `kv_producer` it stores prompts but
+    loads no hits, so the leg recomputes every prefix it has seen; with `kv_consumer` it loads hits but
+    stores nothing, so nothing new is ever cached. It logs which one at start. In prefill/decode the
     `kv_producer` role belongs on the top level (the router reads it) and on the transport child, not
     on the kvd child.
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from infera.keyrules import AIS_ENV as AIS
+from infera.engine.vllm.config import VARIABLES, check_value, parse_chunk_tokens
 from infera.keyrules import CHUNK_TOKENS_ENV as CHUNK
 from infera.keyrules import ROOTS_ENV as ROOTS
-from infera.keyrules import chunk_setting
-from infera.launch.model import KTC_FLAG, Daemon, Deployment, norm_path
+from infera.launch.model import KTC_FLAG, Daemon, Deployment, Leg, norm_path
 from infera.launch.rules.gpudirect import parse_roots
 from infera.launch.rules.registry import Context, Hit, Severity, rule
 
@@ -280,75 +279,74 @@ def prewarm(dep: Deployment, ctx: Context) -> Iterator[Hit]:
     "kvd-env-value",
     Severity.ERROR,
     "INFERA_KVD_* variables have values the connector accepts.",
-    "Use INFERA_KVD_AIS=0|1|auto, INFERA_KVD_CHUNK_TOKENS=auto|N, INFERA_KVD_HIPFILE_ROOTS=name=/abs/path[,...], "
-    "and an absolute INFERA_KVD_SOCKET.",
+    "Use a value the connector accepts (docs/engine.md lists every variable with its values).",
 )
 def env_values(dep: Deployment, ctx: Context) -> Iterator[Hit]:
     """
     ## What it does
-    Checks the values of the connector's variables:
+    Checks the value of every `INFERA_KVD_*` variable the connector reads, with the connector's own
+    parsers (`infera/engine/vllm/config.py`), so lint refuses exactly what the engine refuses:
 
-    * `INFERA_KVD_AIS`: `0`, `1` or `auto`;
-    * `INFERA_KVD_CHUNK_TOKENS`: `auto` or a positive integer, a multiple of `--block-size` when the
-      command sets one;
-    * `INFERA_KVD_HIPFILE_ROOTS`: `name=path` items separated by commas, each path absolute;
-    * `INFERA_KVD_SOCKET`: an absolute path.
+    {{CONNECTOR_VARIABLES}}
+
+    It also asks for two things the connector takes but that mislead:
+
+    * `INFERA_KVD_SOCKET` and every path of `INFERA_KVD_HIPFILE_ROOTS` are absolute;
+    * a fixed `INFERA_KVD_CHUNK_TOKENS` is a multiple of `--block-size` when the command sets one
+      (the connector rounds it up to whole blocks, so the engine would not use the number written).
 
     ## Why it matters
-    A value the connector does not understand is treated as its default or makes the connector turn
-    itself off, and the engine keeps serving by recomputing. A relative socket path resolves against
-    each process's working directory, so the engine and the daemon can disagree.
+    The connector reads these variables when the engine starts, and a value it refuses stops the
+    engine: `python -m infera.engine.vllm` exits at once with one `error:` line, other entry points
+    (`vllm serve`, `LLM(...)`) fail while vLLM builds the connector. A relative socket path resolves
+    against each process's working directory, so the engine and the daemon can disagree.
 
     ## Example
     ```sh
-    INFERA_KVD_AIS=yes INFERA_KVD_SOCKET=kvd.sock python -m infera.engine.vllm ...
+    INFERA_KVD_AIS=yes INFERA_KVD_LOAD_POLICY=sometimes INFERA_KVD_SOCKET=kvd.sock python -m infera.engine.vllm ...
     ```
 
     Use instead:
     ```sh
-    INFERA_KVD_AIS=1 INFERA_KVD_HIPFILE_ROOTS=long=/nvme/kvd-long INFERA_KVD_SOCKET=/var/run/infera-kvd.sock \\
-    python -m infera.engine.vllm ...
+    INFERA_KVD_AIS=1 INFERA_KVD_HIPFILE_ROOTS=long=/nvme/kvd-long INFERA_KVD_LOAD_POLICY=auto \\
+    INFERA_KVD_SOCKET=/var/run/infera-kvd.sock python -m infera.engine.vllm ...
     ```
 
     ## Fix
-    Use one of the listed forms.
+    Use a value the message names; [engine.md](../engine.md) lists every variable, its default and
+    what it does.
     """
     for leg in dep.legs:
-        ais = leg.env_value(AIS)
-        if ais is not None and ais.strip().lower() not in ("0", "1", "auto"):
-            yield Hit(f"INFERA_KVD_AIS={ais!r} on leg {leg.name!r} is not 0, 1 or auto", leg.where_env(AIS))
-        chunk = leg.env_value(CHUNK)
-        setting = chunk_setting(chunk)
-        if setting.error is not None:
+        for var in VARIABLES:
+            text = leg.env_value(var.name)
+            if text is None:
+                continue
+            err = check_value(var.name, text)
+            if err is not None:
+                yield Hit(f"{err.message} (leg {leg.name!r})", leg.where_env(var.name), fix=err.hint)
+        yield from _misleading_values(leg)
+
+
+def _misleading_values(leg: Leg) -> Iterator[Hit]:
+    """Values the connector takes that still mislead (KVD408's extras)."""
+    chunk = leg.env_value(CHUNK)
+    tokens = parse_chunk_tokens(chunk) if chunk is not None and check_value(CHUNK, chunk) is None else None
+    block = leg.flag_value("--block-size")
+    if tokens is not None and block and block.isdigit() and int(block) > 0 and tokens % int(block):
+        yield Hit(
+            f"INFERA_KVD_CHUNK_TOKENS={chunk} on leg {leg.name!r} is not a multiple of --block-size {block}",
+            leg.where_env(CHUNK),
+        )
+    roots = leg.env_value(ROOTS)
+    for name, path in (parse_roots(roots) or {}).items() if roots is not None else ():
+        if not path.startswith("/"):
             yield Hit(
-                f"INFERA_KVD_CHUNK_TOKENS={chunk!r} on leg {leg.name!r} is not auto or a positive integer",
-                leg.where_env(CHUNK),
+                f"INFERA_KVD_HIPFILE_ROOTS root {name}={path} on leg {leg.name!r} is not an absolute path",
+                leg.where_env(ROOTS),
             )
-        elif setting.tokens is not None:
-            block = leg.flag_value("--block-size")
-            if block and block.isdigit() and int(block) > 0 and setting.tokens % int(block):
-                yield Hit(
-                    f"INFERA_KVD_CHUNK_TOKENS={chunk} on leg {leg.name!r} is not a multiple of --block-size {block}",
-                    leg.where_env(CHUNK),
-                )
-        roots = leg.env_value(ROOTS)
-        if roots is not None:
-            parsed = parse_roots(roots)
-            if parsed is None:
-                yield Hit(
-                    f"INFERA_KVD_HIPFILE_ROOTS={roots!r} on leg {leg.name!r} is not name=path[,name=path]",
-                    leg.where_env(ROOTS),
-                )
-            else:
-                for name, path in parsed.items():
-                    if not path.startswith("/"):
-                        yield Hit(
-                            f"INFERA_KVD_HIPFILE_ROOTS root {name}={path} on leg {leg.name!r} is not an absolute path",
-                            leg.where_env(ROOTS),
-                        )
-        sock = leg.env_value(SOCKET)
-        if sock is not None and not sock.startswith("/"):
-            yield Hit(
-                f"INFERA_KVD_SOCKET={sock!r} on leg {leg.name!r} is not an absolute path",
-                leg.where_env(SOCKET),
-            )
+    sock = leg.env_value(SOCKET)
+    if sock and not sock.startswith("/"):
+        yield Hit(
+            f"INFERA_KVD_SOCKET={sock!r} on leg {leg.name!r} is not an absolute path",
+            leg.where_env(SOCKET),
+        )

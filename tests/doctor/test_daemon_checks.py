@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from infera.doctor.context import Context, DoctorOptions
 from infera.doctor.run import run_doctor
 
@@ -106,3 +108,63 @@ def test_stopped_daemon_leaves_a_stale_default_socket_warn(start_daemon, monkeyp
     monkeypatch.setenv("INFERA_KVD_SOCKET", d.socket)
     r = _run(None, "daemon", explicit=False).get("daemon").result
     assert r.status.value == "warn" and "cannot reach" in r.summary
+
+
+def _halves(daemon, fp: str, seed: str, vllm: str = "0.26", model: str = "/m/tiny"):
+    """One engine as the connector declares it: its scheduler and worker halves in one process
+    (an ``LLM(...)`` script), whose command line the process scan does not recognise."""
+    settings = {"algo": "sha256", "seed": seed, "block_size": 16}
+    return [
+        daemon.client(
+            name="vllm:tiny",
+            role=role,
+            model=model,
+            namespace=f"vllm/tiny/{fp}",
+            hash_settings=settings,
+            hash_fingerprint=fp,
+            chunk_tokens=256,
+            kv_layout={"tp": 1, "rank": 0, "vllm": vllm},
+            want_arena=False,
+        )
+        for role in ("vllm-scheduler", "vllm-worker-0")
+    ]
+
+
+def test_a_daemon_client_that_declared_a_random_seed_fails(daemon):
+    halves = _halves(daemon, "random-0a1b2c3d4e5f", "random")
+    try:
+        r = _run(daemon.socket, "hash-settings").get("hash-settings").result
+    finally:
+        for c in halves:
+            c.close()
+    assert r.status.value == "fail", r.summary
+    assert "declared a random hash seed" in r.summary
+    assert "vLLM 0.26 draws a random seed per process when PYTHONHASHSEED is unset" in r.summary
+    assert r.summary.count("vllm:tiny pid") == 1, "one engine, named once"
+    assert r.fix and str(os.getpid()) in r.fix
+
+
+def test_the_halves_of_one_engine_count_as_one_engine(daemon):
+    halves = _halves(daemon, "24b63a5dfffe", "fixed", vllm="0.32")
+    try:
+        r = _run(daemon.socket, "hash-settings").get("hash-settings").result
+    finally:
+        for c in halves:
+            c.close()
+    assert r.status.value == "ok", r.summary
+    assert r.summary.startswith("1 engine(s) agree"), r.summary
+
+
+def test_hash_mismatch_warning_names_each_process_once(daemon):
+    one = _halves(daemon, "24b63a5dfffe", "fixed", vllm="0.32")
+    other = _engine(daemon, "other", "fp-other", 256, model="/m/tiny")
+    try:
+        warnings = daemon.stats()["warnings"]
+        r = _run(daemon.socket, "hash-settings").get("hash-settings").result
+    finally:
+        for c in (*one, other):
+            c.close()
+    pid = f"pid {os.getpid()}"
+    (text,) = [w for w in warnings if "disagree on hash settings" in w]
+    assert f"24b63a5dfffe: {pid};" in text and f"{pid}, {pid}" not in text, text
+    assert "24b63a5dfffe: vllm:tiny " + pid + ";" in r.summary, r.summary

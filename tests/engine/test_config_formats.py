@@ -5,12 +5,16 @@ from __future__ import annotations
 import io
 import logging
 import tracemalloc
+from pathlib import Path
 
 import pytest
 
-from infera.engine.vllm import config, formats
-from infera.engine.vllm.config import parse_chunk_tokens, parse_roots, read_env, retention_of
+from infera.engine.vllm import config, formats, retention
+from infera.engine.vllm.config import parse_chunk_tokens, parse_roots, read_env
+from infera.engine.vllm.retention import retention_of
 from infera.errors import UsageError
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_read_env_defaults() -> None:
@@ -54,6 +58,73 @@ def test_bad_roots_and_ais() -> None:
         parse_roots("/nvme/kvd-long")
     with pytest.raises(UsageError):
         read_env({"INFERA_KVD_AIS": "yes"})
+    with pytest.raises(UsageError, match="names the root 'long' twice"):
+        parse_roots("long=/nvme/a, long=/nvme/b")
+
+
+class _Recording(dict[str, str]):
+    """An environment that records which variables were asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[str] = []
+
+    def get(self, key: str, default: object = None) -> object:  # type: ignore[override]
+        self.asked.append(key)
+        return super().get(key, default)
+
+
+def test_read_env_reads_exactly_the_variables_of_the_table() -> None:
+    env = _Recording()
+    read_env(env)
+    assert sorted(env.asked) == sorted(v.name for v in config.VARIABLES)
+    assert all(v.name.startswith("INFERA_KVD_") for v in config.VARIABLES)
+
+
+def test_docs_engine_md_lists_every_variable_as_the_table_says() -> None:
+    """docs/engine.md's table is config.docs_table(): a variable added (or changed) there without
+    the page fails here, with the rows to paste."""
+    text = (REPO / "docs" / "engine.md").read_text()
+    table = config.docs_table()
+    assert table in text, f"docs/engine.md's variable table is stale; it must read:\n{table}"
+    rows = [ln for ln in text.splitlines() if ln.startswith("| `INFERA_KVD_")]
+    assert rows == table.splitlines()[2:]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "words"),
+    [
+        ("INFERA_KVD_REPORT_EVERY_S", "abc", "is not a number of seconds"),
+        ("INFERA_KVD_REPORT_EVERY_S", "-1", "0 or more"),
+        ("INFERA_KVD_REPORT_EVERY_S", "nan", "finite"),
+        ("INFERA_KVD_REPORT_EVERY_S", "inf", "finite"),
+        ("INFERA_KVD_SPIN_US", "abc", "is not a whole number of microseconds"),
+        ("INFERA_KVD_SPIN_US", "-5", "between 0 and 100000"),
+        ("INFERA_KVD_SPIN_US", "200000", "between 0 and 100000"),
+        ("INFERA_KVD_LOAD_RATES", "ram=1,ram=2", "ram is set twice"),
+        ("INFERA_KVD_HIPFILE_ROOTS", "long=/a,long=/b", "twice"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_variable(name: str, text: str, words: str) -> None:
+    with pytest.raises(UsageError, match=name) as err:
+        read_env({name: text})
+    assert words in err.value.message
+    assert "\n" not in err.value.message
+    assert isinstance(config.check_value(name, text), UsageError)
+
+
+def test_report_interval_and_spin() -> None:
+    assert read_env({}).report_every_s == 5.0 and read_env({}).spin_us == 0
+    env = read_env({"INFERA_KVD_REPORT_EVERY_S": "0", "INFERA_KVD_SPIN_US": " 50 "})
+    assert env.report_every_s == 0.0 and env.spin_us == 50
+    assert read_env({"INFERA_KVD_REPORT_EVERY_S": "0.5"}).report_every_s == 0.5
+
+
+def test_extra_config_notice_names_each_key_and_its_variable() -> None:
+    assert config.extra_config_notice({}) is None and config.extra_config_notice(None) is None
+    text = config.extra_config_notice({"chunk_tokens": "abc", "socket": 5, "foo": 1})
+    assert text is not None
+    assert "ignored: chunk_tokens (use INFERA_KVD_CHUNK_TOKENS), foo, socket (use INFERA_KVD_SOCKET)" in text
 
 
 @pytest.mark.parametrize(
@@ -82,8 +153,7 @@ def test_unknown_retention_warns_once(caplog: pytest.LogCaptureFixture) -> None:
 @pytest.fixture
 def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
     """A warn-once memory of its own (the module keeps one per process)."""
-    if hasattr(config, "_WarnOnce"):
-        monkeypatch.setattr(config, "_unknown_retentions", config._WarnOnce())
+    monkeypatch.setattr(retention, "_unknown_retentions", retention._WarnOnce())
 
 
 def test_unknown_retentions_cost_bounded_memory_and_log(fresh_warnings: None) -> None:
@@ -111,7 +181,7 @@ def test_unknown_retentions_cost_bounded_memory_and_log(fresh_warnings: None) ->
         logger.removeHandler(handler)
         logger.setLevel(level)
     lines = out.getvalue().splitlines()
-    assert len(config._unknown_retentions.seen) <= 32
+    assert len(retention._unknown_retentions.seen) <= 32
     assert len(lines) == 33, "one line per remembered value, then one saying the rest go unlogged"
     assert "'000000xxxxxxxx" in lines[0] and f"({len(body) + 6} characters)" in lines[0]
     assert all(len(line) < 300 for line in lines)

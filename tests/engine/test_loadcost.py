@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from infera.engine.vllm.config import read_env
-from infera.engine.vllm.scheduler.loadcost import CostModel, choose_load, parse_rates
+from infera.engine.vllm.config import parse_load_rates, read_env
+from infera.engine.vllm.scheduler.loadcost import MAX_LOAD_GBPS, MIN_CHUNK_SHARE, CostModel, choose_load
 from infera.engine.vllm.scheduler.policy import LoadPolicy
 from infera.engine.vllm.worker.timing import KvdWorkerMeta, Timings
 from infera.errors import UsageError
@@ -94,6 +94,29 @@ def test_defaults_until_measured_then_measurements() -> None:
     assert m.long_per_chunk("disk") == pytest.approx(10e-3, rel=0.01)
     assert m.long_per_chunk("distributed") == pytest.approx(CHUNK / 1e9)  # not measured: default
     assert m.samples == {"ram": 20, "disk": 20}
+
+
+def test_a_load_faster_than_the_fixed_cost_is_never_an_absurd_rate() -> None:
+    """A CPU hit of one small chunk in 0.3 ms, under the assumed 0.5 ms fixed cost: the chunk was
+    costed 0 s, which `kvd stat` showed as 131,072,000,000 MB/s, and `auto` priced every later
+    RAM load at the fixed cost alone."""
+    small = 128 << 10  # a 256-token chunk of the tiny test Llama
+    m = CostModel(chunk_bytes=small)
+    m.observe_load(1, {}, 0.3e-3)
+    rate = m.summary()["load_rate_ram_mbps"]
+    assert 0 < rate <= MAX_LOAD_GBPS * 1e3, rate
+    assert rate == pytest.approx(small / (0.3e-3 * MIN_CHUNK_SHARE) / 1e6, rel=0.3)
+    assert m.load_fixed_s < 0.5e-3, "a load faster than the fixed cost teaches a smaller one"
+    # every RAM chunk costs time of its own: a load of more chunks is costed more
+    one, many = m.load_seconds({"ram": 1}), m.load_seconds({"ram": 64})
+    assert one > m.load_fixed_s and many > one + 60 * m.min_chunk_s()
+    for _ in range(200):  # a stream of 0 s samples (a clock that did not move) stays bounded
+        m.observe_load(4, {}, 0.0)
+        m.observe_load(2, {"disk": 2}, 0.0)
+        m.observe_tier_rate("disk", 1e12)
+    rates = m.summary()
+    assert all(0 < rates[f"load_rate_{t}_mbps"] <= MAX_LOAD_GBPS * 1e3 for t in ("ram", "disk")), rates
+    assert m.ram_per_chunk() >= m.min_chunk_s() and m.long_per_chunk("disk") >= m.min_chunk_s()
 
 
 def test_recompute_is_the_marginal_cost_of_tokens_by_step_size() -> None:
@@ -199,8 +222,9 @@ def test_the_environment_switch() -> None:
         read_env({"INFERA_KVD_LOAD_POLICY": "sometimes"})
     with pytest.raises(UsageError, match="INFERA_KVD_LOAD_RATES"):
         read_env({"INFERA_KVD_LOAD_RATES": "tape=1"})
-    assert isinstance(parse_rates("ram=-1"), str)
-    assert isinstance(parse_rates("ram"), str)
+    for bad in ("ram=-1", "ram", "ram=1,ram=2", "prefill=1,disk=2,PREFILL=3"):
+        with pytest.raises(UsageError, match="INFERA_KVD_LOAD_RATES"):
+            parse_load_rates(bad)
 
 
 def test_kvd_stat_and_top_show_the_skips() -> None:

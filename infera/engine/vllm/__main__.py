@@ -32,29 +32,58 @@ def _uses_connector(cfg: Any) -> bool:
         return False
     if cfg.get("kv_connector") == CONNECTOR:
         return True
-    children = (cfg.get("kv_connector_extra_config") or {}).get("connectors") or []
-    return any(_uses_connector(c) for c in children)
+    extra = cfg.get("kv_connector_extra_config")
+    children = extra.get("connectors") if isinstance(extra, dict) else None
+    return isinstance(children, list) and any(_uses_connector(c) for c in children)
+
+
+def _ktc_arg(argv: list[str]) -> tuple[int, str, str] | None:
+    """(index, JSON text, prefix) of the first ``--kv-transfer-config`` value in ``argv``."""
+    for i, arg in enumerate(argv):
+        if arg == KTC_FLAG and i + 1 < len(argv):
+            return i + 1, argv[i + 1], ""
+        if arg.startswith(KTC_FLAG + "="):
+            return i, arg.split("=", 1)[1], KTC_FLAG + "="
+    return None
+
+
+def _ktc(argv: list[str]) -> Any:
+    """The kv-transfer-config of ``argv`` as parsed JSON; None when absent or not JSON (vLLM
+    reports bad JSON itself)."""
+    found = _ktc_arg(argv)
+    if found is None:
+        return None
+    try:
+        return json.loads(found[1])
+    except ValueError:
+        return None
 
 
 def default_failure_policy(argv: list[str]) -> list[str]:
     """Return ``argv`` with ``kv_load_failure_policy: recompute`` added where the user chose none."""
     out = list(argv)
-    for i, arg in enumerate(out):
-        if arg == KTC_FLAG and i + 1 < len(out):
-            idx, text, prefix = i + 1, out[i + 1], ""
-        elif arg.startswith(KTC_FLAG + "="):
-            idx, text, prefix = i, arg.split("=", 1)[1], KTC_FLAG + "="
-        else:
-            continue
-        try:
-            cfg = json.loads(text)
-        except ValueError:
-            return out  # vLLM reports the bad JSON itself
-        if _uses_connector(cfg) and "kv_load_failure_policy" not in cfg:
-            cfg["kv_load_failure_policy"] = "recompute"
-            out[idx] = prefix + json.dumps(cfg)
-        return out
+    found, cfg = _ktc_arg(out), _ktc(out)
+    if found is not None and _uses_connector(cfg) and "kv_load_failure_policy" not in cfg:
+        idx, _text, prefix = found
+        cfg["kv_load_failure_policy"] = "recompute"
+        out[idx] = prefix + json.dumps(cfg)
     return out
+
+
+def check_connector_env(argv: list[str]) -> None:
+    """When the kv-transfer-config names InferaKvdConnector, read its ``INFERA_KVD_*`` settings
+    now, before vLLM starts: a value the connector would refuse is one ``error:`` line (and a
+    ``hint:``) and exit status 2, not a traceback from each engine process."""
+    if not _uses_connector(_ktc(argv)):
+        return
+    from infera.clikit import report
+    from infera.engine.vllm.config import read_env
+    from infera.errors import UsageError
+
+    try:
+        read_env()
+    except UsageError as err:
+        raise SystemExit(report(err)) from None
 
 
 def _vllm_server() -> tuple[Any, Any, Any, Any]:
@@ -108,7 +137,9 @@ def require_vllm() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    args_in = sys.argv[1:] if argv is None else argv
     require_vllm()
+    check_connector_env(args_in)
     import uvloop
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -126,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     from infera.engine.vllm.api import discovery
 
     discovery.add_arguments(group)
-    args = parser.parse_args(default_failure_policy(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(default_failure_policy(args_in))
     try:
         from vllm.logger import configure_logging_from_args
 

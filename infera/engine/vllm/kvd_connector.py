@@ -28,7 +28,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
-from infera.engine.vllm import compat, events, hookup, stats
+from infera.engine.vllm import compat, events, hookup, notices, stats
 from infera.engine.vllm.config import layerwise_requested, read_env
 from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import InferaKvdMetadata
@@ -70,13 +70,6 @@ class InferaKvdConnector(KVConnectorBase_V1, SupportsHMA):
         self._scheduler: Any = None
         self._worker: Any = None
         self._stats: StatsSource | None = None
-        if facts.hash_seed == "random" and role == KVConnectorRole.SCHEDULER:
-            log.warning(
-                "infera-kvd: vLLM %s seeds block hashes randomly per process (PYTHONHASHSEED unset), "
-                "so chunks stored by this engine can never be found by another engine or after a "
-                "restart; set the same PYTHONHASHSEED on every engine",
-                facts.vllm_version,
-            )
         link = DaemonLink(
             socket_path,
             ns,
@@ -85,10 +78,21 @@ class InferaKvdConnector(KVConnectorBase_V1, SupportsHMA):
             model=facts.model,
             want_arena=role != KVConnectorRole.SCHEDULER,
             kv_layout=_kv_layout(vllm_config, facts, plan, rank, failure),
+            spin_us=env.spin_us,
         )
         if role == KVConnectorRole.SCHEDULER:
             from infera.engine.vllm.scheduler.half import SchedulerHalf
 
+            ktc = self._kv_transfer_config
+            use = notices.role_use(getattr(ktc, "kv_role", None))
+            notices.log_start(
+                facts,
+                chunk_tokens=ns.chunk_tokens,
+                max_model_len=getattr(getattr(vllm_config, "model_config", None), "max_model_len", None),
+                use=use,
+                extra_config=getattr(ktc, "kv_connector_extra_config", None),
+                failure_policy=getattr(ktc, "kv_load_failure_policy", "recompute"),
+            )
             reason = None
             if blockers:
                 reason = "; ".join(f"{b.name}: {b.reason}" for b in blockers)
@@ -121,15 +125,11 @@ class InferaKvdConnector(KVConnectorBase_V1, SupportsHMA):
                     gbps={**DEFAULT_GBPS, **env.load_gbps},
                     prefill_tps=env.prefill_tps or DEFAULT_PREFILL_TPS,
                 ),
+                report_every_s=env.report_every_s,
+                loads=use.loads,
+                saves=use.saves,
             )
             self._stats = StatsSource(stats.counters_of(self._scheduler), stats.SCHEDULER_COUNTERS)
-            policy = getattr(self._kv_transfer_config, "kv_load_failure_policy", "recompute")
-            if policy == "fail":
-                log.warning(
-                    "infera-kvd: kv_load_failure_policy is 'fail', so a chunk that disappears between "
-                    "lookup and load fails its request; set it to 'recompute' (python -m "
-                    "infera.engine.vllm does this for you)"
-                )
             if self._scheduler.enabled:
                 link.client()
             log.info(

@@ -66,8 +66,10 @@ class DaemonLink:
         on_connect: Callable[[KvdClient], None] | None = None,
         on_disconnect: Callable[[KvdClient], None] | None = None,
         watch: bool = True,
+        spin_us: int | None = None,
     ) -> None:
         self.socket_path = socket_path
+        self.spin_us = spin_us  # INFERA_KVD_SPIN_US as the connector parsed it (None: the client's own)
         self.namespace = namespace
         self.role = role
         self.name = name
@@ -181,6 +183,7 @@ class DaemonLink:
                 kv_layout=self.kv_layout,
                 want_arena=self.want_arena,
                 timeout=self.timeout_s,
+                spin_us=self.spin_us,
             )
         except KvdClientError as exc:
             with self._lock:

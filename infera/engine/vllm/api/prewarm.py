@@ -14,8 +14,9 @@ Errors are JSON ``{"error": {"code", "message"}}`` with a 4xx/5xx status, never 
 from typing import Any
 
 from infera.engine.vllm import compat, groups
-from infera.engine.vllm.config import ConnectorEnv, read_env, shown
+from infera.engine.vllm.config import ConnectorEnv, read_env
 from infera.engine.vllm.keys import Namespace, chunk_hashes
+from infera.engine.vllm.retention import shown
 
 PREWARM_PATH = "/v1/cache/prewarm"
 

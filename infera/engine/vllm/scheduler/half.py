@@ -24,17 +24,17 @@ Nothing here raises into vLLM: a daemon that cannot be reached means no hits and
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
 from infera.engine.vllm import groups
-from infera.engine.vllm.config import retention_of
+from infera.engine.vllm.config import DEFAULT_REPORT_EVERY_S
 from infera.engine.vllm.events import KvdEvents
 from infera.engine.vllm.groups import Plan
 from infera.engine.vllm.keys import Namespace, chunk_hashes
 from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
+from infera.engine.vllm.retention import retention_of
 from infera.engine.vllm.scheduler.loadcost import CostModel
 from infera.engine.vllm.scheduler.lookup import count_found
 from infera.engine.vllm.scheduler.policy import LoadPolicy
@@ -46,8 +46,6 @@ from infera.kvd.client import KvdClientError
 log = logging.getLogger("infera.engine.vllm")
 
 HOLD_MS = 30_000
-# how often counters go to the daemon (the workers' setting too; benchmarks and tests set 0)
-REPORT_EVERY_S = float(os.environ.get("INFERA_KVD_REPORT_EVERY_S", "5") or 5)
 MAX_TRACKED = 100_000
 MAX_FAILED = 10_000
 
@@ -75,6 +73,9 @@ class SchedulerHalf:
         events: KvdEvents | None = None,
         policy: str = "always",
         costs: CostModel | None = None,
+        report_every_s: float = DEFAULT_REPORT_EVERY_S,
+        loads: bool = True,
+        saves: bool = True,
     ) -> None:
         self.ns = namespace
         self.chunk_tokens = namespace.chunk_tokens
@@ -113,6 +114,10 @@ class SchedulerHalf:
             0,
         )
         self._last_report = 0.0
+        self.report_every_s = report_every_s  # INFERA_KVD_REPORT_EVERY_S
+        # what the connector's kv_role lets it do: kv_producer loads no hits, kv_consumer saves nothing
+        self.loads = loads
+        self.saves = saves
         chunk_bytes = max(1, namespace.chunk_tokens * 1024)
         self.policy = LoadPolicy(policy, costs or CostModel(chunk_bytes=chunk_bytes), self.counters)
 
@@ -140,10 +145,13 @@ class SchedulerHalf:
         limit = max(0, int(request.num_tokens) - 1) // self.unit * self.unit
         limit = min(limit, len(st.hashes) * self.chunk_tokens)
         # Hold found chunks against eviction only when some of them may be loaded.
-        st.found, st.long_chunks = self._lookup(st.hashes, HOLD_MS if limit > num_computed_tokens else 0)
+        may_load = self.loads and limit > num_computed_tokens
+        st.found, st.long_chunks = self._lookup(st.hashes, HOLD_MS if may_load else 0)
         if self.events is not None:
             self.events.looked_up(request, st.hashes, st.found, st.long_chunks)
         self.counters["query_tokens"] += max(0, int(request.num_tokens) - num_computed_tokens)
+        if not self.loads:  # kv_producer: the lookup only spares the saves what the daemon holds
+            return 0, False
         end = min(st.found * self.chunk_tokens, limit)
         # a hybrid hit ends where every group's chunks hold what vLLM will read
         servable = self.plan.hit_end(num_computed_tokens, end)
@@ -239,7 +247,7 @@ class SchedulerHalf:
         tokens = getattr(scheduler_output, "total_num_scheduled_tokens", 0)
         meta = InferaKvdMetadata(loads=self.pending_loads, step_tokens=int(tokens or 0))
         self.pending_loads = []
-        if self.enabled:
+        if self.enabled and self.saves:
             try:
                 self._plan_step(scheduler_output, meta)
             except Exception:
@@ -345,7 +353,7 @@ class SchedulerHalf:
 
     def _maybe_report(self) -> None:
         now = time.monotonic()
-        if self.link is None or now - self._last_report < REPORT_EVERY_S:
+        if self.link is None or now - self._last_report < self.report_every_s:
             return
         self._last_report = now
         counters = {**self.counters, **self.link.counters, **self.policy.report()}

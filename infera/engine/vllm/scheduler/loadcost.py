@@ -8,7 +8,9 @@ in the background (PREWARM) because loading them now would be slower than recomp
 The model has two sides, both learned from measurements with warm-up defaults:
 
 * **load time**: ``seconds = fixed + chunks * per_chunk`` for a load from RAM (arena to the
-  engine's KV blocks, measured by the workers per load step, for this engine's chunk size), plus
+  engine's KV blocks, measured by the workers per load step, for this engine's chunk size; at
+  least :data:`MIN_CHUNK_SHARE` of a sample counts per chunk, a sample faster than ``fixed``
+  lowers ``fixed``, and no chunk is costed below :data:`MAX_LOAD_GBPS`), plus
   ``per_long_chunk[tier]`` for every chunk that the daemon first reads from its long tier (disk,
   distributed) during the same LEASE;
 * **recompute time**: what the forward pass spends per prompt token, by prompt length. The
@@ -27,9 +29,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from infera.loadreport import DEFAULT_POLICY, POLICIES, TIERS
+from infera.loadreport import POLICIES, TIERS
 
-__all__ = ["POLICIES", "TIERS", "CostModel", "LoadChoice", "choose_load", "parse_policy", "parse_rates"]
+__all__ = ["POLICIES", "TIERS", "CostModel", "LoadChoice", "choose_load"]
 
 # Warm-up defaults, until the workers have measured this engine. Loads from RAM: a registered
 # arena on an H200 copies at about 53 GB/s; 20 GB/s leaves room for smaller GPUs and for the
@@ -41,6 +43,12 @@ DEFAULT_PREFILL_TPS = 30_000.0
 DEFAULT_LOAD_FIXED_S = 0.5e-3  # one LEASE round trip and the copy's setup
 DEFAULT_STEP_BASE_S = 5e-3  # a decode step
 EWMA = 0.25  # weight of a new measurement
+# A load's time splits into a fixed part and a part per chunk, which one sample cannot tell apart.
+# So at least this share of every load's time is counted per chunk (a load faster than the assumed
+# fixed cost also teaches a smaller fixed cost), and no chunk loads faster than MAX_LOAD_GBPS: a
+# load is never costed at its fixed part alone, nor shown as an absurd rate.
+MIN_CHUNK_SHARE = 0.5
+MAX_LOAD_GBPS = 1000.0  # above the memory bandwidth of any one copy
 SMALL_STEP_TOKENS = 16  # steps of at most this many tokens measure the fixed cost of a step
 MIN_PREFILL_STEP = 64  # steps of at least this many tokens measure the cost per token
 
@@ -110,18 +118,25 @@ class CostModel:
         return tokens * self.token_seconds(tokens) if tokens > 0 else 0.0
 
     # -- measurements ------------------------------------------------------------------------
+    def min_chunk_s(self) -> float:
+        """The least time a chunk's load is costed at (:data:`MAX_LOAD_GBPS`)."""
+        return max(1, self.chunk_bytes) / (MAX_LOAD_GBPS * 1e9)
+
     def observe_load(self, chunks: int, long_chunks: Mapping[str, int], seconds: float) -> None:
         """One load step of ``chunks`` chunks (``long_chunks`` of them first read from a long tier)
         that took ``seconds`` until the KV was in the engine's blocks."""
-        if chunks <= 0 or seconds < 0:
+        if chunks <= 0 or not seconds >= 0 or math.isinf(seconds):
             return
+        if seconds < self.load_fixed_s:  # faster than the fixed cost assumed: it is smaller
+            self.load_fixed_s = _ewma(self.load_fixed_s, seconds * (1 - MIN_CHUNK_SHARE))
         n_long = sum(n for n in long_chunks.values() if n > 0)
         if n_long == 0:
-            per = max(0.0, seconds - self.load_fixed_s) / chunks
-            self.ram_chunk_s = _ewma(self.ram_chunk_s, per)
+            per = max(seconds - self.load_fixed_s, seconds * MIN_CHUNK_SHARE) / chunks
+            self.ram_chunk_s = _ewma(self.ram_chunk_s, max(per, self.min_chunk_s()))
             self._count("ram")
             return
         extra = max(0.0, seconds - self.load_fixed_s - chunks * self.ram_per_chunk()) / n_long
+        extra = max(extra, self.min_chunk_s())
         for tier, n in long_chunks.items():
             if n > 0 and tier != "ram":
                 self.long_chunk_s[tier] = _ewma(self.long_chunk_s.get(tier), extra)
@@ -134,7 +149,8 @@ class CostModel:
         warmed) without a request paying for the measurement."""
         if tier == "ram" or gbps <= 0 or self.chunk_bytes <= 0:
             return
-        self.long_chunk_s[tier] = _ewma(self.long_chunk_s.get(tier), self.chunk_bytes / (gbps * 1e9))
+        per = max(self.chunk_bytes / (gbps * 1e9), self.min_chunk_s())
+        self.long_chunk_s[tier] = _ewma(self.long_chunk_s.get(tier), per)
         self._count(tier + "_daemon")
 
     def observe_step(self, tokens: int, seconds: float) -> None:
@@ -243,35 +259,3 @@ def choose_load(
         if t != "ram" and reason == "slower":
             out.prewarm.append(c)
     return out
-
-
-def parse_policy(text: str | None) -> str | None:
-    """``INFERA_KVD_LOAD_POLICY``: the policy, or None when the value is not one of :data:`POLICIES`."""
-    value = (text or DEFAULT_POLICY).strip().lower() or DEFAULT_POLICY
-    return value if value in POLICIES else None
-
-
-def parse_rates(text: str | None) -> tuple[dict[str, float], float | None] | str:
-    """``INFERA_KVD_LOAD_RATES``: ``ram=GB/s,disk=GB/s,distributed=GB/s,prefill=tokens/s``
-    (any subset) as (load GB/s by tier, prefill tokens/s or None); a message when malformed."""
-    gbps: dict[str, float] = {}
-    prefill: float | None = None
-    for item in (text or "").split(","):
-        item = item.strip()
-        if not item:
-            continue
-        name, sep, value = item.partition("=")
-        name = name.strip().lower()
-        try:
-            number = float(value)
-        except ValueError:
-            number = float("nan")
-        if not sep or not (number > 0 and math.isfinite(number)):
-            return f"entry {item!r} is not name=positive number"
-        if name == "prefill":
-            prefill = number
-        elif name in TIERS:
-            gbps[name] = number
-        else:
-            return f"entry {item!r}: {name!r} is not one of {', '.join((*TIERS, 'prefill'))}"
-    return gbps, prefill

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections import Counter
 from typing import Any
@@ -50,9 +49,6 @@ from infera.engine.vllm.worker.timing import Timings
 from infera.kvd.client import KvdClient, KvdClientError, KvdUnavailable
 
 log = logging.getLogger("infera.engine.vllm")
-
-# how often counters go to the daemon; benchmarks set 0 to read per-request figures from STATS
-REPORT_EVERY_S = float(os.environ.get("INFERA_KVD_REPORT_EVERY_S", "5") or 5)
 
 
 class WorkerHalf(LoadMixin, GpuWorkerMixin, GpuSaveMixin):
@@ -330,7 +326,7 @@ class WorkerHalf(LoadMixin, GpuWorkerMixin, GpuSaveMixin):
 
     def _report(self, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and now - self._last_report < REPORT_EVERY_S:
+        if not force and now - self._last_report < self.env.report_every_s:
             return
         self._last_report = now
         self.link.report(**self.report_fields())
