@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from infera.errors import KvdError
+from infera.errors import KvdError, UsageError
 from infera.kvd.protocol import peer_cred
 
 
@@ -177,12 +177,30 @@ def check_peer(sock: socket.socket, path: str, trust_uids: Iterable[int] | None)
     )
 
 
-def default_spin() -> float:
-    """Seconds a client polls for a reply before blocking: ``$INFERA_KVD_SPIN_US`` (default 0: off)."""
+SPIN_ENV = "INFERA_KVD_SPIN_US"
+MAX_SPIN_US = 100_000  # the most a client polls for a reply before it blocks
+
+
+def parse_spin_us(text: str | None) -> int:
+    """``INFERA_KVD_SPIN_US``: microseconds a daemon connection polls for a reply (0: block at once)."""
+    if text is None or not text.strip():
+        return 0
     try:
-        return max(0, min(int(os.environ.get("INFERA_KVD_SPIN_US", "0")), 100_000)) / 1e6
+        value = int(text.strip())
     except ValueError:
-        return 0.0
+        raise UsageError(
+            f"{SPIN_ENV}={text!r} is not a whole number of microseconds",
+            hint=f"0 (the default) waits for replies without polling; at most {MAX_SPIN_US}",
+        ) from None
+    if not 0 <= value <= MAX_SPIN_US:
+        raise UsageError(f"{SPIN_ENV} must be between 0 and {MAX_SPIN_US} microseconds (got {value})")
+    return value
+
+
+def default_spin() -> float:
+    """Seconds a client polls for a reply before blocking: ``$INFERA_KVD_SPIN_US`` (default 0: off);
+    a bad value is a UsageError naming the variable."""
+    return parse_spin_us(os.environ.get(SPIN_ENV)) / 1e6
 
 
 def error_of(reply: dict[str, Any], op: str = "the request") -> KvdClientError:

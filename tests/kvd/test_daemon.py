@@ -245,6 +245,16 @@ def test_unreachable_daemon_is_one_clear_error(short_tmp: Path) -> None:
     assert out.returncode == 1 and out.stderr.startswith("error: no kvd daemon") and out.stdout == ""
 
 
+def test_a_bad_spin_setting_names_the_variable(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``INFERA_KVD_SPIN_US=abc`` used to mean "no polling" without a word; the connector refused
+    it while tools took it: one parser now (``infera.kvd.clientnet.parse_spin_us``)."""
+    from infera.errors import UsageError
+
+    monkeypatch.setenv("INFERA_KVD_SPIN_US", "abc")
+    with pytest.raises(UsageError, match="INFERA_KVD_SPIN_US='abc' is not a whole number"):
+        KvdClient(str(short_tmp / "nothing.sock"))
+
+
 def test_a_path_that_is_not_a_socket_says_what_it_is(short_tmp: Path) -> None:
     """connect() on a regular file answers ECONNREFUSED, which read as "is the daemon running?"."""
     plain = short_tmp / "kvd.sock"

@@ -23,6 +23,7 @@ from typing import Any
 from infera.errors import UsageError
 from infera.keyrules import AIS_ENV, CHUNK_TOKENS_ENV, ROOTS_ENV
 from infera.keyrules import parse_chunk_tokens as parse_chunk_tokens  # INFERA_KVD_CHUNK_TOKENS
+from infera.kvd.clientnet import MAX_SPIN_US, SPIN_ENV, parse_spin_us  # the client's own setting
 from infera.loadreport import DEFAULT_POLICY, POLICIES, TIERS
 
 SOCKET_ENV = "INFERA_KVD_SOCKET"
@@ -34,11 +35,9 @@ LOAD_RATES_ENV = "INFERA_KVD_LOAD_RATES"
 LAYERWISE_ENV = "INFERA_KVD_LOAD_LAYERWISE"
 GPU_PATH_ON_CPU_ENV = "INFERA_KVD_GPU_PATH_ON_CPU"
 REPORT_EVERY_ENV = "INFERA_KVD_REPORT_EVERY_S"
-SPIN_ENV = "INFERA_KVD_SPIN_US"
 
 DEFAULT_STAGING_MB = 768
 DEFAULT_REPORT_EVERY_S = 5.0
-MAX_SPIN_US = 100_000  # the most the daemon client polls for a reply before it blocks
 RATE_NAMES = (*TIERS, "prefill")
 RATES_HINT = f"e.g. {LOAD_RATES_ENV}=ram=50,disk=3,prefill=30000 (GB/s, tokens/s), each name once"
 
@@ -194,22 +193,6 @@ def parse_report_every(text: str | None) -> float:
         raise UsageError(
             f"{REPORT_EVERY_ENV}={text!r} must be a finite number of seconds, 0 or more", hint=hint
         )
-    return value
-
-
-def parse_spin_us(text: str | None) -> int:
-    """``INFERA_KVD_SPIN_US``: microseconds a daemon connection polls for a reply (0: block at once)."""
-    if text is None or not text.strip():
-        return 0
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise UsageError(
-            f"{SPIN_ENV}={text!r} is not a whole number of microseconds",
-            hint=f"0 (the default) waits for replies without polling; at most {MAX_SPIN_US}",
-        ) from None
-    if not 0 <= value <= MAX_SPIN_US:
-        raise UsageError(f"{SPIN_ENV} must be between 0 and {MAX_SPIN_US} microseconds (got {value})")
     return value
 
 
