@@ -93,7 +93,7 @@ def test_bench_scale_quick_reports_every_part(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        (["--quick", "--bogus"], "No such option"),
+        (["--quick", "--bogus"], "no such option: --bogus"),
         (["--quick", "--out"], "requires an argument"),
     ],
 )

@@ -66,6 +66,9 @@ def test_a_watch_outlives_a_daemon_restart(start_daemon: Callable[..., Daemon], 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C as a terminal sends it: a suite started in the background (`cmd &` in a script)
+        # passes SIGINT on ignored, and the watch would never see it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         time.sleep(1.2)  # about six failed attempts
