@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from helpers import free_port
+from infera.kvd.exposition import TIER_FIELDS, TIER_SKIPPED
 
 SCRAPE_S = 1
 
@@ -145,3 +146,12 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
     if exe is None:
         raise AssertionError("promtool is not installed (scripts/setup.sh --all installs prometheus)")
     return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120)
+
+
+def assert_tier_fields_declared(tiers: dict[str, dict[str, Any]]) -> None:
+    """Every numeric field the tiers report (STATS ``tiers``) has a declared exposed name, type and
+    help, so a new field cannot slip out as a made-up counter. tests/obs and tests/l4 call it."""
+    for tier, fields in tiers.items():
+        for fname, value in fields.items():
+            if isinstance(value, int | float) and fname not in TIER_SKIPPED:
+                assert fname in TIER_FIELDS, f"tiers.{tier}.{fname} is not declared in exposition.TIER_FIELDS"

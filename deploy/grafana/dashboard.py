@@ -72,10 +72,16 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                 (f'kvd_tier_queued_writes{{tier="long",{K}}}', "queued"),
                 (f'kvd_tier_backlog{{tier="long",{K}}}', "backlog"),
                 (f'kvd_tier_unpersisted_chunks{{tier="long",{K}}}', "unpersisted")]},
-            {"title": "Long tier errors and drops", "w": 8, "targets": [
+            {"title": "Long tier errors and deferred writes", "w": 8, "targets": [
                 (increase("kvd_tier_failed_writes_total"), "failed writes"),
                 (increase("kvd_tier_failed_reads_total"), "failed reads"),
-                (increase("kvd_tier_dropped_writes_total"), "dropped writes")]},
+                (increase("kvd_tier_dropped_writes_total"), "deferred to the backlog"),
+                (increase("kvd_tier_evicted_unwritten_total"), "lost (left RAM unwritten)")]},
+            {"title": "Long tier state (1: ready)", "w": 8, "targets": [
+                (f'kvd_tier_info{{tier="long",state="ready",{K}}} or (kvd_tier_info{{tier="long",{K}}} * 0)',
+                 "{{instance}} {{backend}} {{state}}"),
+                (f'kvd_tier_connected{{tier="long",{K}}}', "connected {{instance}}"),
+                (increase("kvd_tier_timeouts_total", f'tier="long",{K}'), "timeouts {{instance}}")]},
             {"title": "Checksum failures", "w": 8, "targets": [(increase("kvd_corrupt_chunks_total"), "{{instance}}")],
              "thresholds": RED_FROM_1},
         ],
@@ -83,9 +89,10 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
     (
         "Data path",
         [
-            {"title": "Clients by data path", "w": 8, "targets": [(f"sum by (data_path) (kvd_clients{{{K}}})", "{{data_path}}")]},
+            {"title": "Clients by data path", "w": 8, "targets": [(f"sum by (data_path) (kvd_clients{{{K}}}) or vector(0)", "{{data_path}}")]},
             {"title": "Clients on a fallback path", "w": 8, "targets": [
-                (f"sum by (name, role, data_path) (kvd_clients_fallback{{{K}}})", "{{name}} {{role}} {{data_path}}")],
+                (f"sum by (name, role, data_path) (kvd_clients_fallback{{{K}}}) or vector(0)",
+                 "{{name}} {{role}} {{data_path}}")],
              "thresholds": RED_FROM_1},
             {"title": "Engine data path", "w": 8, "targets": [
                 (f"vllm:kvd_data_path_info{{{V}}} == 1", "{{model_name}} {{data_path}}"),

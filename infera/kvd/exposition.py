@@ -7,7 +7,10 @@ or ``_total`` (:data:`RENAMES`, the tier tables); :data:`METRICS` has the type a
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+log = logging.getLogger("infera.kvd.metrics")
 
 # Names follow Prometheus' rules: a unit suffix in base units (_bytes, _seconds), counters end in
 # _total, and no label takes unbounded values (no pids, no sockets, no paths). Every name the
@@ -25,30 +28,51 @@ RENAMES = {
 }
 SKIPPED = {"pid", "protocol"}  # a pid is no metric; the protocol is a label of kvd_build_info
 
-# per-tier STATS fields that are levels, not running counts (everything else is a counter)
-TIER_GAUGES = {
-    "chunks": "tier_chunks",
-    "bytes_used": "tier_used_bytes",
-    "capacity": "tier_capacity_bytes",
-    "queued_writes": "tier_queued_writes",
-    "backlog": "tier_backlog",
-    "unpersisted": "tier_unpersisted_chunks",
-    "reads_in_flight": "tier_reads_in_flight",
-    "connected": "tier_connected",
-    "journal_records": "tier_journal_records",
-}
-TIER_SECONDS = {  # levels in other units, converted to seconds
-    "index_load_s": ("tier_index_load_seconds", 1.0),
-    "reconcile_s": ("tier_reconcile_seconds", 1.0),
-    "read_latency_ms": ("tier_read_latency_seconds", 1e-3),
-    "write_latency_ms": ("tier_write_latency_seconds", 1e-3),
-    "exists_latency_ms": ("tier_exists_latency_seconds", 1e-3),
+# Every numeric per-tier STATS field -> (exposed name, scale). The type and help of each name are
+# in METRICS: gauges for levels, rates, settings and flags; counters (_total) only for running
+# counts. A field that is not listed is not served (and logged once), so a field a tier adds has
+# to be declared here; tests/obs checks every field the tiers return.
+TIER_FIELDS: dict[str, tuple[str, float]] = {
+    **{  # levels, settings and flags
+        "chunks": ("tier_chunks", 1),
+        "bytes_used": ("tier_used_bytes", 1),
+        "capacity": ("tier_capacity_bytes", 1),
+        "queued_writes": ("tier_queued_writes", 1),
+        "backlog": ("tier_backlog", 1),
+        "unpersisted": ("tier_unpersisted_chunks", 1),
+        "reads_in_flight": ("tier_reads_in_flight", 1),
+        "connected": ("tier_connected", 1),
+        "journal_records": ("tier_journal_records", 1),
+        "read_gbps": ("tier_read_rate_bytes_per_second", 1e9),
+        "segment_bytes": ("tier_segment_bytes", 1),
+        "deletes_supported": ("tier_deletes_supported", 1),
+        "fsync": ("tier_fsync", 1),
+        "index_load_s": ("tier_index_load_seconds", 1),
+        "reconcile_s": ("tier_reconcile_seconds", 1),
+        "read_latency_ms": ("tier_read_latency_seconds", 1e-3),
+        "write_latency_ms": ("tier_write_latency_seconds", 1e-3),
+        "exists_latency_ms": ("tier_exists_latency_seconds", 1e-3),
+    },
+    "bytes_read": ("tier_read_bytes_total", 1),
+    "bytes_written": ("tier_written_bytes_total", 1),
+    **{  # running counts, exposed as tier_<field>_total
+        f: (f"tier_{f}_total", 1)
+        for f in (
+            *("hits", "misses", "evictions", "corrupt_chunks", "failed_writes", "failed_reads"),
+            *("dropped_writes", "evicted_files", "evicted_unwritten", "files_written", "files_ignored"),
+            *("files_other_version", "prewarmed", "promotion_no_room", "quarantined", "recovered_writes"),
+            *("stale_temp_removed", "reconcile_added", "reconcile_dropped", "checkpoints_written"),
+            *("write_retries", "adopted", "adopt_missing", "chunks_written", "removed", "resynced"),
+            *("backpressure", "timeouts", "exists_calls", "exists_keys", "errors", "disconnects"),
+            *("reconnects", "state_changes", "setup_failures"),
+        )
+    },
 }
 TIER_SKIPPED = {"latency_ms"}  # the same figure as read or write latency
-TIER_COUNTER_RENAMES = {"bytes_read": "tier_read_bytes_total", "bytes_written": "tier_written_bytes_total"}
+_undeclared_logged: set[str] = set()
 
-# name (without "kvd_") -> (type, help). Names not listed (a counter a tier adds later) are still
-# served, typed by their suffix, with a generic help line.
+# name (without "kvd_") -> (type, help). A top-level STATS name not listed is still served, typed
+# by its suffix, with a generic help line; a tier field must be declared (TIER_FIELDS).
 METRICS: dict[str, tuple[str, str]] = {
     "build_info": ("gauge", "Always 1; labels: version, protocol, long_backend"),
     "start_time_seconds": ("gauge", "When the daemon started, in seconds since the epoch"),
@@ -120,6 +144,16 @@ METRICS: dict[str, tuple[str, str]] = {
         "How long the disk tier's reconcile after a journal replay took (absent until it finished)",
     ),
     "tier_journal_records": ("gauge", "Disk-tier index journal records since the last checkpoint"),
+    "tier_read_rate_bytes_per_second": (
+        "gauge",
+        "Recent read throughput of the long tier (a moving average; absent before the first read)",
+    ),
+    "tier_segment_bytes": (
+        "gauge",
+        "Memory this daemon lends to the Mooncake pool (--mooncake-segment-bytes)",
+    ),
+    "tier_deletes_supported": ("gauge", "1 if the distributed long tier can delete keys (lmcache: 0)"),
+    "tier_fsync": ("gauge", "1 if the disk tier syncs each chunk file to disk (--fsync)"),
     "tier_read_latency_seconds": ("gauge", "Recent read latency of a distributed long tier"),
     "tier_write_latency_seconds": ("gauge", "Recent write latency of a distributed long tier"),
     "tier_exists_latency_seconds": ("gauge", "Recent exists-check latency of a distributed long tier"),
@@ -131,11 +165,14 @@ METRICS: dict[str, tuple[str, str]] = {
     "tier_corrupt_chunks_total": ("counter", "Chunks read from the long tier that failed their checksum"),
     "tier_failed_writes_total": ("counter", "Long-tier writes that failed"),
     "tier_failed_reads_total": ("counter", "Long-tier reads that failed"),
-    "tier_dropped_writes_total": ("counter", "Long-tier writes dropped (queue full or tier down)"),
+    "tier_dropped_writes_total": (
+        "counter",
+        "Long-tier writes put off to the backlog (queue full or tier down); not a loss by itself",
+    ),
     "tier_evicted_files_total": ("counter", "Chunk files the disk tier deleted to make room"),
     "tier_evicted_unwritten_total": (
         "counter",
-        "Long-retention chunks evicted from RAM before the disk tier wrote them (lost)",
+        "Long-retention chunks evicted from RAM before the long tier had them (lost)",
     ),
     "tier_files_written_total": ("counter", "Chunk files the disk tier wrote"),
     "tier_files_ignored_total": ("counter", "Files under --long-path that are not chunk files (left alone)"),
@@ -170,7 +207,15 @@ METRICS: dict[str, tuple[str, str]] = {
     "tier_removed_total": ("counter", "Chunks deleted from a distributed long tier"),
     "tier_resynced_total": ("counter", "Chunks re-queued for writing after a distributed tier came back"),
     "tier_backpressure_total": ("counter", "Writes a distributed tier refused for now (full, busy)"),
-    "tier_timeouts_total": ("counter", "Distributed-tier calls that timed out"),
+    "tier_timeouts_total": (
+        "counter",
+        "Distributed-tier calls past their deadline (reads, exists checks, stuck writes)",
+    ),
+    "tier_errors_total": ("counter", "Failed distributed-tier operations (any kind)"),
+    "tier_disconnects_total": ("counter", "Times the distributed long tier became unreachable"),
+    "tier_reconnects_total": ("counter", "Times the distributed long tier came back after being unreachable"),
+    "tier_state_changes_total": ("counter", "Changes of the distributed long tier's state"),
+    "tier_setup_failures_total": ("counter", "Failed attempts to connect the distributed long tier's client"),
     "tier_exists_calls_total": ("counter", "Exists checks sent to a distributed tier"),
     "tier_exists_keys_total": ("counter", "Keys asked about by those exists checks"),
     "accept_errors_total": ("counter", "Failed accepts (out of descriptors); the listener backs off 0.1-1 s"),
@@ -276,13 +321,16 @@ def _tiers(tiers: dict[str, Any], metric: Any) -> None:
             value = _num(raw)
             if value is None or fname in TIER_SKIPPED:
                 continue
-            if fname in TIER_GAUGES:
-                metric(TIER_GAUGES[fname], "gauge", value, lab)
-            elif fname in TIER_SECONDS:
-                name, scale = TIER_SECONDS[fname]
-                metric(name, "gauge", round(value * scale, 6), lab)
-            else:
-                metric(TIER_COUNTER_RENAMES.get(fname, f"tier_{fname}_total"), "counter", value, lab)
+            declared = TIER_FIELDS.get(fname)
+            if declared is None:
+                if fname not in _undeclared_logged:
+                    _undeclared_logged.add(fname)
+                    log.warning(
+                        "tier stats field %r is not declared in exposition.TIER_FIELDS; not served", fname
+                    )
+                continue
+            name, scale = declared
+            metric(name, METRICS[name][0], value if scale == 1 else round(value * scale, 6), lab)
 
 
 def _clients(clients: list[dict[str, Any]], metric: Any) -> None:

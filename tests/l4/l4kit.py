@@ -7,12 +7,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from promserver import assert_tier_fields_declared
+
 from helpers import Daemon
 
 
 def long_stats(d: Daemon) -> dict[str, Any]:
     with d.client(want_arena=False) as c:
-        return c.stats()["tiers"]["long"]
+        tiers: dict[str, Any] = c.stats()["tiers"]
+    assert_tier_fields_declared(tiers)  # every stats read here also checks the exposition
+    return tiers["long"]
 
 
 def wait_long(d: Daemon, pred: Callable[[dict[str, Any]], bool], timeout: float = 20.0) -> dict[str, Any]:

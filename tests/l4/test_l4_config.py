@@ -56,6 +56,8 @@ def test_mooncake_flags_are_validated() -> None:
         ({}, "needs --mooncake-master"),
         ({"mooncake_master": "nohost"}, "is not HOST:PORT"),
         ({"mooncake_master": "h:99999"}, "is not HOST:PORT"),
+        ({"mooncake_master": "http://127.0.0.1:15051"}, "is not HOST:PORT or etcd://HOST:PORT"),
+        ({"mooncake_master": "foo://127.0.0.1:15051"}, "is not HOST:PORT or etcd://HOST:PORT"),
         ({"mooncake_master": "h:1", "mooncake_metadata": "ftp://x"}, "metadata service URL"),
         ({"mooncake_master": "h:1", "mooncake_protocol": "udp"}, "is not tcp or rdma"),
         ({"mooncake_master": "h:1", "mooncake_segment_bytes": "lots"}, "--mooncake-segment-bytes"),
@@ -116,3 +118,12 @@ def test_flags_come_from_env_and_errors_are_one_line(start_daemon: Callable[...,
     )
     assert res.returncode != 0
     assert "needs --mooncake-master" in res.stderr + res.stdout and "Traceback" not in res.stderr
+    res = subprocess.run(
+        [sys.executable, "-m", "infera.kvd", "--socket", "/tmp/never.sock", "--long-backend", "mooncake"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "INFERA_KVD_MOONCAKE_MASTER": "http://127.0.0.1:15051"},
+    )
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "is not HOST:PORT or etcd://HOST:PORT" in res.stderr

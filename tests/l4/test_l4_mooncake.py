@@ -325,6 +325,10 @@ def test_hung_master_never_stalls_the_daemon(
         assert first < 4.0 and later < 0.6, (first, later)
         s = long_stats(b)
         assert s["state"] == "degraded" and s["timeouts"] >= 1
+        time.sleep(11)  # past the 10 s one timeout alone keeps the tier degraded
+        s = long_stats(b)
+        if s["reads_in_flight"]:  # a read still hangs: the tier is not ready
+            assert s["state"] == "degraded", {k: v for k, v in s.items() if k in WHY}
     finally:
         os.kill(cluster.pid, signal.SIGCONT)
     with b.client(namespace="m") as c:  # the store answers again: reads work again
@@ -332,3 +336,29 @@ def test_hung_master_never_stalls_the_daemon(
         while c.get(keys[1]) != data[keys[1]]:
             assert time.monotonic() < deadline, {k: v for k, v in long_stats(b).items() if k in WHY}
             time.sleep(0.2)
+
+
+def test_hung_storage_node_makes_the_tier_degraded_while_writes_are_stuck(
+    services: Callable[[Service], Service], service_dir: Path, start_daemon: Callable[..., Daemon]
+) -> None:
+    """A stopped storage node leaves writes hanging inside the client: the tier must say so
+    (degraded, timeouts counted, last_error about stuck writes, the chunks unpersisted) for as
+    long as they hang, not only for the 10 s after one failure."""
+    master = services(MooncakeMaster(service_dir, client_ttl_s=60))
+    assert isinstance(master, MooncakeMaster)
+    node = services(MooncakeStorageNode(service_dir, master))
+    a = mooncake_daemon(start_daemon, master, "a")
+    wait_long(a, lambda s: s["state"] == "ready")
+    os.kill(node.pid, signal.SIGSTOP)
+    try:
+        put_all(a, payloads(3, "stuck"))
+        s = wait_long(a, lambda s: s["state"] == "degraded" and s["timeouts"] >= 1, timeout=20)
+        assert "writes stuck" in (s["last_error"] or ""), s["last_error"]
+        assert s["unpersisted"] >= 3 and s["chunks_written"] == 0, s
+        time.sleep(12)  # past the 10 s a single failure keeps the tier degraded
+        s = long_stats(a)
+        if s["queued_writes"]:
+            assert s["state"] == "degraded", {k: v for k, v in s.items() if k in WHY}
+    finally:
+        os.kill(node.pid, signal.SIGCONT)
+    wait_long(a, lambda s: s["chunks_written"] == 3 and s["unpersisted"] == 0, timeout=60)

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from promserver import PromServer, binary, promtool
+from promserver import PromServer, assert_tier_fields_declared, binary, promtool
 
 from helpers import REPO, Daemon, free_port
+from infera.kvd.exposition import METRICS, TIER_FIELDS, render
 
 PROM = REPO / "deploy" / "prometheus"
 DOC = REPO / "docs" / "observability.md"
@@ -34,7 +35,7 @@ REQUIRED_ALERTS = {
     "KvdDaemonDown",
     "KvdDataPathFallback",
     "KvdChecksumFailures",
-    "KvdLongTierWritesDropped",
+    "KvdLongTierWritesLost",
     "KvdSavesDropped",
     "KvdLongTierErrors",
     "KvdHashSettingMismatch",
@@ -169,6 +170,23 @@ def test_daemon_scrape_follows_the_naming_rules(metrics_daemon: tuple[Daemon, in
     doc = DOC.read_text()
     undocumented = sorted(n for n in fams if f"`{n}`" not in doc)
     assert not undocumented, f"not in docs/observability.md: {undocumented}"
+    with d.client(want_arena=False) as c:
+        assert_tier_fields_declared(c.stats()["tiers"])
+
+
+def test_tier_fields_have_declared_types_and_unknown_ones_are_not_served() -> None:
+    for fname, (name, _scale) in TIER_FIELDS.items():
+        assert name in METRICS, fname
+        assert (METRICS[name][0] == "counter") == name.endswith("_total"), name
+    long = {"state": "ready", "read_gbps": 1.5, "segment_bytes": 1 << 30, "deletes_supported": False}
+    text = render({"tiers": {"long": {**long, "brand_new_field": 7, "errors": 2}}})
+    fams = families(text)
+    assert fams["kvd_tier_read_rate_bytes_per_second"] == "gauge"
+    assert 'kvd_tier_read_rate_bytes_per_second{tier="long"} 1500000000.0' in text
+    assert fams["kvd_tier_segment_bytes"] == "gauge" and fams["kvd_tier_deletes_supported"] == "gauge"
+    assert fams["kvd_tier_errors_total"] == "counter"
+    assert "brand_new_field" not in text
+    assert not [n for n in fams if n.endswith(("_gbps_total", "_supported_total", "segment_bytes_total"))]
 
 
 @needs_prometheus

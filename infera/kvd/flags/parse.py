@@ -145,8 +145,15 @@ def uid_list(values: Any, flag: str) -> Uids:
 
 
 def parse_master(master: str) -> tuple[str, int]:
-    """(host, port) of a Mooncake master: ``HOST:PORT``, or the first endpoint of ``etcd://A,B`` (``,`` or ``;``)."""
-    target = master.split("://", 1)[1] if "://" in master else master
+    """(host, port) of a Mooncake master: ``HOST:PORT``, or the first endpoint of ``etcd://A,B`` (``,`` or ``;``).
+    Any other scheme (``http://`` is the metadata server's) is refused: Mooncake rejects it on every try."""
+    scheme, sep, rest = master.partition("://")
+    if sep and scheme.lower() != "etcd":
+        raise UsageError(
+            f"--mooncake-master: {master!r} is not HOST:PORT or etcd://HOST:PORT (the master's RPC address; "
+            "an http://…/metadata URL belongs in --mooncake-metadata)"
+        )
+    target = rest if sep else master
     target = re.split(r"[,;]", target, maxsplit=1)[0]
     host, sep, port = target.rpartition(":")
     if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:

@@ -1,7 +1,10 @@
 """Connection state of a distributed long tier: probing, (re)connecting, states and errors.
 
 A monitor thread probes the store every ``PROBE_INTERVAL_S`` (a short TCP connect or a health
-request, never a call that can block for long) and connects when it answers. The state is
+request, never a call that can block for long) and connects when it answers. A connect that
+fails (``setup_failures``, also counted in ``errors``) is tried again ``CONNECT_BACKOFF_S`` later,
+doubling up to ``CONNECT_BACKOFF_MAX_S``; the wait restarts from the first step once the probe
+fails (the store went away) or a connect works. The state is
 ``loading`` until the first connection, ``disconnected`` while the store does not answer (no
 call is made then), ``degraded`` for ``DEGRADED_HOLD_S`` after any failed operation, else
 ``ready``. Every change is logged once and counted; repeated errors of one kind are logged up to
@@ -26,6 +29,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("infera.kvd.l4")
 
 PROBE_INTERVAL_S = 1.0
+CONNECT_BACKOFF_S = 1.0
+CONNECT_BACKOFF_MAX_S = 30.0
 DEGRADED_HOLD_S = 10.0
 LOG_MAX = 20
 
@@ -52,13 +57,14 @@ class Link:
         self.host = host
         self.t = transport
         self.c = counters
-        for name in ("errors", "timeouts", "state_changes", "disconnects", "reconnects"):
+        for name in ("errors", "timeouts", "state_changes", "disconnects", "reconnects", "setup_failures"):
             self.c.setdefault(name, 0)
         self.ever_connected = False
         self.connecting = True
         self.down: str | None = None
         self.trouble_at = 0.0
         self.last_error: str | None = None
+        self.setup_failing = False  # the store answers but connecting to it fails
         self._state = "loading"
         self._logged: dict[str, int] = {}
         self.latency: dict[str, float | None] = {"read_ms": None, "write_ms": None, "exists_ms": None}
@@ -103,30 +109,60 @@ class Link:
         return self.ever_connected and self.down is None
 
     def _monitor(self) -> None:
-        """Probe the store every second; connect (or reconnect) when it answers."""
+        """Probe the store every second; connect (or reconnect) when it answers, with back-off
+        between failed connects."""
+        backoff, next_connect, failed = 0.0, 0.0, ""
         while not self._stop.is_set():
             why: str | None = None
+            attempt = False
             try:
                 self.t.probe()
-                if not self.t.connected:
+                if not self.t.connected and time.monotonic() < next_connect:
+                    why = failed  # waiting out the back-off: the last failure still stands
+                elif not self.t.connected:
+                    attempt = True
                     self.host.call_soon(lambda: self._set_connecting(True))
                     self.t.connect(*self._regions())
+                    backoff = 0.0
             except TransportError as exc:
                 why = str(exc)
                 if self.t.connected:
                     self.t.reset()
+                if not attempt:
+                    backoff, next_connect = 0.0, 0.0
             except Exception as exc:  # a bug in a client library must not end the monitor
                 log.exception("%s: connecting failed", self.backend)
                 why = f"{type(exc).__name__}: {exc}"
-            self.host.call_soon(lambda w=why: self._probed(w))  # type: ignore[misc]
+            if attempt and why is not None:
+                failed = why
+                backoff = min(CONNECT_BACKOFF_MAX_S, backoff * 2 or CONNECT_BACKOFF_S)
+                next_connect = time.monotonic() + backoff
+            if self._stop.is_set():
+                return
+            phase = "connect" if attempt else "backoff" if why is not None and why is failed else "probe"
+            self.host.call_soon(lambda w=why, p=phase: self._probed(w, p))  # type: ignore[misc]
             self._wake.wait(PROBE_INTERVAL_S)
             self._wake.clear()
 
     def _set_connecting(self, on: bool) -> None:
         self.connecting = on
 
-    def _probed(self, why: str | None) -> None:
+    def _probed(self, why: str | None, phase: str = "probe") -> None:
+        """The monitor's verdict (loop thread). ``phase``: ``connect`` (it tried to connect),
+        ``backoff`` (the store answers, the next connect waits) or ``probe``."""
         self.connecting = False
+        if phase != "backoff":
+            self.setup_failing = phase == "connect" and why is not None
+        if phase == "connect" and why is not None:
+            self.c["setup_failures"] += 1
+            self.c["errors"] += 1
+            n = self._logged.get("setup", 0)
+            if n < LOG_MAX and self.down is not None:  # the first one is logged by the state change
+                self._logged["setup"] = n + 1
+                log.warning(
+                    "%s long tier: connecting failed again (retried with back-off): %s", self.backend, why
+                )
+            self.last_error = why
         if why is None:
             first = not self.ever_connected
             was_down = self.down is not None
@@ -151,13 +187,17 @@ class Link:
         old, self._state = self._state, new
         self.c["state_changes"] += 1
         if new == "disconnected":
+            until = (
+                "connecting works (retried 1, 2, 4 … 30 s apart)"
+                if self.setup_failing
+                else f"{self.t.endpoint} answers again"
+            )
             log.warning(
-                "%s long tier %s -> disconnected (%s): RAM keeps serving, L4 calls are skipped until "
-                "%s answers again",
+                "%s long tier %s -> disconnected (%s): RAM keeps serving, L4 calls are skipped until %s",
                 self.backend,
                 old,
                 self.down or self.last_error,
-                self.t.endpoint,
+                until,
             )
             self._disconnected()
         elif new == "degraded":
@@ -220,10 +260,18 @@ class Link:
         """Stop the monitor and meta threads; False if one is still inside a client call."""
         self._stop.set()
         self._wake.set()
+        self.t.interrupt()
         self._meta_q.put(None)
         for t in self._threads:
             t.join(2.0)
         return not any(t.is_alive() for t in self._threads)
 
 
-__all__ = ["DEGRADED_HOLD_S", "LOG_MAX", "PROBE_INTERVAL_S", "Link"]
+__all__ = [
+    "CONNECT_BACKOFF_MAX_S",
+    "CONNECT_BACKOFF_S",
+    "DEGRADED_HOLD_S",
+    "LOG_MAX",
+    "PROBE_INTERVAL_S",
+    "Link",
+]

@@ -4,8 +4,10 @@ The client is ``mooncake.store.MooncakeDistributedStore`` from the optional ``mo
 (``mooncake-transfer-engine-non-cuda`` on hosts without CUDA, ``mooncake-transfer-engine`` on
 GPU hosts; never both in one environment). What this module knows about its behaviour:
 
-* ``setup()`` blocks for about 90 s when no master answers, so the monitor thread probes the
-  master's port with a short TCP connect first and only then calls it, off the loop thread.
+* ``setup()`` blocks for about 90 s when no master answers, and holds the GIL while it runs (a
+  hung master: ~10 minutes). The monitor thread probes the master's port with a short TCP connect,
+  then runs the same setup in a child process with a deadline (:mod:`.mooncakesetup`), and only
+  then calls it in the daemon; failed setups are retried 1, 2, 4 … 30 s apart (:mod:`.l4link`).
 * The whole arena is registered once, then values move with the scatter/gather calls
   (``batch_put_from_multi_buffers`` / ``batch_get_into_multi_buffers``): header from a small
   registered slot, payload straight from or into the arena, no copy in Python.
@@ -20,6 +22,7 @@ GPU hosts; never both in one environment). What this module knows about its beha
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Callable
@@ -28,12 +31,15 @@ from typing import TYPE_CHECKING, Any
 from infera.errors import UsageError
 from infera.kvd.flags import parse_master
 from infera.kvd.keyspace import mooncake_name
+from infera.kvd.tiers.mooncakesetup import NO_RDMA, Settings, SetupProbe, explain, rdma_devices
 from infera.kvd.tiers.remote import RemoteTier
 from infera.kvd.tiers.transport import HEADER, Region, Transport, TransportError
 
 if TYPE_CHECKING:
     from infera.kvd.config import DaemonConfig
     from infera.kvd.tiers.base import TierHost
+
+log = logging.getLogger("infera.kvd.l4")
 
 PROBE_TIMEOUT_S = 0.5
 
@@ -108,6 +114,13 @@ class MooncakeTransport(Transport):
                 "mooncake-transfer-engine on CUDA hosts; it needs libibverbs1",
             ) from None
         self._cls = MooncakeDistributedStore
+        self._setup_probe = SetupProbe()
+        self.no_rdma = protocol == "rdma" and not rdma_devices()
+        if self.no_rdma:
+            log.warning(
+                "--mooncake-protocol rdma: this host has no RDMA devices (/sys/class/infiniband is "
+                "empty or missing); Mooncake falls back to TCP"
+            )
 
     @property
     def connected(self) -> bool:
@@ -125,6 +138,16 @@ class MooncakeTransport(Transport):
         local = os.environ.get("MC_TCP_BIND_ADDRESS") or local_address(self.host, self.port)
         # Without it the transfer engine advertises the first non-loopback interface.
         os.environ.setdefault("MC_TCP_BIND_ADDRESS", local)
+        settings = Settings(
+            local,
+            self.metadata,
+            self.segment_bytes,
+            self.buffer_bytes,
+            self.protocol,
+            self.device,
+            self.master,
+        )
+        self._setup_probe.check(settings)  # in a child process: setup() here holds the GIL
         store = self._cls()
         rc = store.setup(
             local,
@@ -136,7 +159,7 @@ class MooncakeTransport(Transport):
             self.master,
         )
         if rc != 0:
-            raise TransportError(f"setup against master {self.master} failed ({rc})", "down")
+            raise TransportError(explain(rc, settings), "down")
         for region in (arena, slots):
             rc = store.register_buffer(region.ptr, region.view.nbytes)
             if rc != 0:
@@ -232,6 +255,9 @@ class MooncakeTransport(Transport):
             return False
         raise code_error(rc, "remove")
 
+    def interrupt(self) -> None:
+        self._setup_probe.interrupt()
+
     def close(self) -> None:
         store, self._store = self._store, None
         if store is None:
@@ -262,7 +288,8 @@ class MooncakeTier(RemoteTier):
         out = super().stats()
         t = self.t
         assert isinstance(t, MooncakeTransport)
-        out.update({"metadata": t.metadata, "protocol": t.protocol, "segment_bytes": t.segment_bytes})
+        protocol = f"{t.protocol} ({NO_RDMA})" if t.no_rdma else t.protocol
+        out.update({"metadata": t.metadata, "protocol": protocol, "segment_bytes": t.segment_bytes})
         return out
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from infera.kvd import chunkfile as cf
 from infera.kvd.keyspace import Namespace
 from infera.kvd.store import LONG, Chunk
+from infera.kvd.tiers.workers import Workers
 from infera.kvd.tiers.writeretry import Retries
 
 if TYPE_CHECKING:
@@ -40,51 +40,12 @@ BACKLOG_MAX = 65536
 WRITE_COUNTERS = ("dropped_writes", "write_retries", "recovered_writes", "evicted_unwritten")
 
 
-class Workers:
-    """``n`` daemon threads running ``fn(job)``; lane-per-thread (ordered) or one shared queue."""
-
-    def __init__(self, name: str, n: int, fn: Callable[[Any], None], lanes: bool, log: logging.Logger):
-        self._fn = fn
-        self._log = log
-        count = max(1, n)
-        self.queues: list[queue.SimpleQueue[Any]] = [
-            queue.SimpleQueue() for _ in range(count if lanes else 1)
-        ]
-        self.threads = []
-        for i in range(count):
-            q = self.queues[i if lanes else 0]
-            t = threading.Thread(target=self._run, args=(q,), name=f"kvd-{name}-{i}", daemon=True)
-            t.start()
-            self.threads.append(t)
-
-    def _run(self, q: queue.SimpleQueue[Any]) -> None:
-        while True:
-            job = q.get()
-            if job is None:
-                return
-            try:
-                self._fn(job)
-            except Exception:  # a bug must cost one job, never the thread
-                self._log.exception("long tier worker failed on a job")
-
-    def submit(self, job: Any, lane: int = 0) -> None:
-        self.queues[lane % len(self.queues)].put(job)
-
-    def close(self, timeout: float) -> bool:
-        """Stop after the queued jobs; returns False if a thread is still busy at the deadline."""
-        for q in self.queues:
-            for _ in range(len(self.threads) if len(self.queues) == 1 else 1):
-                q.put(None)
-        deadline = time.monotonic() + timeout
-        for t in self.threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        return not any(t.is_alive() for t in self.threads)
-
-
 class WriteJob:
     """One write of a sealed chunk to ``where`` (the chunk is pinned while the job is queued)."""
 
-    __slots__ = ("cancelled", "chunk", "elapsed", "ns", "replace", "retry", "skipped", "started", "where")
+    __slots__ = (
+        *("cancelled", "chunk", "elapsed", "ns", "replace", "retry", "skipped", "started", "stuck", "where"),
+    )
 
     def __init__(self, chunk: Chunk, ns: Namespace, where: Any, retry: bool) -> None:
         self.chunk = chunk
@@ -96,6 +57,7 @@ class WriteJob:
         self.skipped = False
         self.started = 0.0  # time.monotonic() when the writer thread began it
         self.elapsed = 0.0  # seconds the write took (set by the writer thread)
+        self.stuck = False  # counted by WriteThrough.stuck as under way past the deadline
 
     @property
     def size(self) -> int:
@@ -324,8 +286,29 @@ class WriteThrough(Stage):
         self.drain_backlog()
         self._retry_due()
 
+    def stuck(self, limit_s: float) -> tuple[int, int]:
+        """Writes under way on a writer thread for longer than ``limit_s`` (the store hangs):
+        how many, and how many of them this call is the first to see."""
+        now = time.monotonic()
+        n = new = 0
+        for job in self.jobs.values():
+            if job.started and not job.elapsed and now - job.started > limit_s:
+                n += 1
+                if not job.stuck:
+                    job.stuck = True
+                    new += 1
+        return n, new
+
+    def unpersisted(self) -> int:
+        """``long`` chunks in RAM the tier does not have yet and this pipeline tracks: queued or
+        being written, in the backlog, or waiting for a retry (each chunk once)."""
+        n = len(self.jobs)
+        n += sum(1 for k in self.backlog if k not in self.jobs)
+        n += sum(1 for k in self.retries.waiting if k not in self.jobs and k not in self.backlog)
+        return n
+
     def stats(self) -> dict[str, int]:
-        return {"queued_writes": self.queued, "backlog": len(self.backlog), "unpersisted": len(self.retries)}
+        return {"queued_writes": self.queued, "backlog": len(self.backlog), "unpersisted": self.unpersisted()}
 
     # -- writer threads ------------------------------------------------------------------------
     def _run(self, item: WriteJob | Callable[[], None]) -> None:

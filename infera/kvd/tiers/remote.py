@@ -48,6 +48,7 @@ log = logging.getLogger("infera.kvd.l4")
 
 READERS = 2
 FETCH_TIMEOUT_S = 2.0
+WRITE_TIMEOUT_S = 5.0  # a write under way longer is stuck: the tier is degraded (a 4 MiB put takes ms)
 CONTAINS_TIMEOUT_S = 0.25
 KNOWN_TTL_S = 2.0
 KNOWN_MAX = 65536
@@ -322,6 +323,12 @@ class RemoteTier(Link):
             self._trouble(
                 "timeout", f"reads did not finish within {FETCH_TIMEOUT_S:.0f} s; answered as misses"
             )
+        stuck, new = self.writes.stuck(WRITE_TIMEOUT_S)
+        if new:
+            self.c["timeouts"] += new
+            self._trouble("timeout", f"writes stuck: {stuck} under way for over {WRITE_TIMEOUT_S:.0f} s")
+        if stuck or self.reads.stalled(FETCH_TIMEOUT_S):
+            self.trouble_at = time.monotonic()  # degraded for as long as work is stuck
         self._update_state()
         self.writes.tick()
 

@@ -77,6 +77,9 @@ class Transport:
     def reset(self) -> None:
         """Called by the monitor when the store stopped answering (drop stale connections)."""
 
+    def interrupt(self) -> None:
+        """Called (from any thread) when the tier stops: end a connect under way if it can."""
+
     def close(self) -> None:
         raise NotImplementedError
 
