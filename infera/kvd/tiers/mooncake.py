@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from infera.errors import UsageError
 from infera.kvd.flags import parse_master
 from infera.kvd.keyspace import mooncake_name
-from infera.kvd.tiers.mooncakesetup import NO_RDMA, Settings, SetupProbe, explain, rdma_devices
+from infera.kvd.tiers.mooncakesetup import ERRORS, NO_RDMA, Settings, SetupProbe, explain, rdma_devices
 from infera.kvd.tiers.remote import RemoteTier
 from infera.kvd.tiers.transport import HEADER, Region, Transport, TransportError
 
@@ -42,28 +42,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("infera.kvd.l4")
 
 PROBE_TIMEOUT_S = 0.5
-
-# Mooncake Store error codes (mooncake-store/include/types.h) the tier reacts to.
-ERRORS = {
-    -1: ("internal error", "error"),
-    -10: ("buffer overflow", "error"),
-    -101: ("segment not found", "error"),
-    -200: ("no available handle: no mounted segment has room (full, or no storage node mounted)", "full"),
-    -400: ("invalid key", "error"),
-    -600: ("invalid parameters", "error"),
-    -703: ("replica not ready", "missing"),
-    -704: ("object not found", "missing"),
-    -705: ("object already exists", "error"),
-    -706: ("object has a lease", "error"),
-    -707: ("lease expired before the transfer finished (the data may have been evicted)", "error"),
-    -710: ("replica not found", "missing"),
-    -712: ("replica is gone", "missing"),
-    -714: ("replica busy", "error"),
-    -800: ("transfer failed", "error"),
-    -900: ("RPC to the master failed", "down"),
-    -901: ("RPC to the master timed out", "down"),
-    -1010: ("the master cannot serve this now (not the leader, or starting)", "error"),
-}
 
 
 def code_error(rc: int, what: str) -> TransportError:

@@ -21,6 +21,28 @@ from dataclasses import dataclass
 from infera.kvd.tiers.transport import TransportError
 from infera.units import format_size
 
+# Mooncake Store error codes (mooncake-store/include/types.h) the tier reacts to.
+ERRORS = {
+    -1: ("internal error", "error"),
+    -10: ("buffer overflow", "error"),
+    -101: ("segment not found", "error"),
+    -200: ("no available handle: no mounted segment has room (full, or no storage node mounted)", "full"),
+    -400: ("invalid key", "error"),
+    -600: ("invalid parameters", "error"),
+    -703: ("replica not ready", "missing"),
+    -704: ("object not found", "missing"),
+    -705: ("object already exists", "error"),
+    -706: ("object has a lease", "error"),
+    -707: ("lease expired before the transfer finished (the data may have been evicted)", "error"),
+    -710: ("replica not found", "missing"),
+    -712: ("replica is gone", "missing"),
+    -714: ("replica busy", "error"),
+    -800: ("transfer failed", "error"),
+    -900: ("RPC to the master failed", "down"),
+    -901: ("RPC to the master timed out", "down"),
+    -1010: ("the master cannot serve this now (not the leader, or starting)", "error"),
+}
+
 PROBE_DEADLINE_S = 10.0
 PROBE_SEGMENT_BYTES = 0  # the probe mounts nothing: the master must never place a write in it
 NO_RDMA = "no RDMA devices: Mooncake uses TCP"
@@ -85,8 +107,6 @@ def explain(rc: int, s: Settings) -> str:
             f"Mooncake setup failed (-1): its client could not start; check that --mooncake-metadata "
             f"{s.metadata} answers and that --mooncake-master {s.master} is a mooncake_master's RPC port"
         )
-    from infera.kvd.tiers.mooncake import ERRORS  # the codes every call shares
-
     text = ERRORS.get(rc, (f"error {rc}", ""))[0]
     return f"Mooncake setup failed: {text} ({rc}) ({s.named})"
 
