@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from connector_kit import engine_facts
 from engines import CONNECTOR, engine_env, prompt, run_engine, vllm_version
+from test_hybrid_units import FakeLink
 
 from helpers import Daemon
 from infera.engine.vllm import groups as G
@@ -37,18 +38,6 @@ class FakeClient:
     def lookup_tiers(self, keys: list[bytes], hold_ms: int = 0) -> tuple[int, list[int]]:
         self.holds.append(hold_ms)
         return next((i for i, k in enumerate(keys) if k not in self.present), len(keys)), []
-
-
-class FakeLink:
-    def __init__(self, client: FakeClient) -> None:
-        self.c = client
-        self.counters: dict[str, int] = {}
-
-    def call(self, fn: Any) -> Any:
-        return fn(self.c)
-
-    def report(self, **_: Any) -> None:
-        return None
 
 
 def _half(stored_chunks: int, **kw: Any) -> tuple[SchedulerHalf, FakeClient]:

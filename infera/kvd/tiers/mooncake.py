@@ -127,15 +127,7 @@ class MooncakeTransport(Transport):
         )
         self._setup_probe.check(settings)  # in a child process: setup() here holds the GIL
         store = self._cls()
-        rc = store.setup(
-            local,
-            self.metadata,
-            self.segment_bytes,
-            self.buffer_bytes,
-            self.protocol,
-            self.device,
-            self.master,
-        )
+        rc = store.setup(*settings.setup_args())
         if rc != 0:
             raise TransportError(explain(rc, settings), "down")
         for region in (arena, slots):

@@ -73,9 +73,15 @@ class Settings:
     device: str
     master: str
 
-    def args(self, segment_bytes: int) -> list[str]:
+    def setup_args(self, segment_bytes: int | None = None) -> tuple[str, str, int, int, str, str, str]:
+        """``setup()``'s arguments, in its order (``segment_bytes`` in place of the setting's)."""
         s = self
-        return [s.local, s.metadata, str(segment_bytes), str(s.buffer_bytes), s.protocol, s.device, s.master]
+        seg = s.segment_bytes if segment_bytes is None else segment_bytes
+        return (s.local, s.metadata, seg, s.buffer_bytes, s.protocol, s.device, s.master)
+
+    def args(self, segment_bytes: int) -> list[str]:
+        """The same, as the probe child's command line."""
+        return [str(a) for a in self.setup_args(segment_bytes)]
 
     @property
     def named(self) -> str:
