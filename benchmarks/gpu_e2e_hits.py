@@ -19,6 +19,17 @@ from typing import Any
 
 PHASES = ("store", "warm", "recompute", "hit", "cross", "disk", "after_disk")
 KVD = ("hit", "cross", "disk", "after_disk", "partial")
+# a layer-wise step's trace (infera/engine/vllm/worker/gpu/steptrace.py), microseconds from the
+# moment its first DMAs were queued
+TRACE = (
+    "load_lw_traced_steps",
+    "load_lw_cpu_first_wait_us",
+    "load_lw_cpu_us",
+    "load_lw_gpu_us",
+    "load_lw_dma_begin_us",
+    "load_lw_dma_end_us",
+)
+STEP = ("step_timed", "step_cpu_us", "step_gpu_us")  # a warm GPU hit's forward, bind to wait_for_save
 
 
 def _ms(us: Any) -> str:
@@ -58,6 +69,8 @@ def rows(results: dict[str, Any], kvd_only: bool = False, tokens: int | None = N
                                 "load_dma_us",
                                 "skipped_tokens",
                                 "busy_threads",
+                                *TRACE,
+                                *STEP,
                             )
                         },
                         "path": load_path(h),
@@ -92,6 +105,40 @@ def render(table: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def render_trace(table: list[dict[str, Any]]) -> str:
+    """Layer-wise hits only: where their step went, from the moment the first DMAs were queued.
+    ``1st wait``: CPU until vLLM asked for the first layer; ``cpu``: until the forward was queued;
+    ``gpu``: until the forward ended on the GPU; ``dma``: first DMA began .. last one ended;
+    ``idle``: the DMA stream's gaps inside that window; ``after``: forward left after the last
+    DMA. A kvd engine's warm GPU hits come first, their ``cpu`` and ``gpu`` from vLLM binding the
+    step to its end. Empty when no hit was traced (whole-step loads, or a run before the trace)."""
+    traced = [r for r in table if r.get("load_lw_traced_steps")]
+    if not traced:
+        return ""
+    warm = [r for r in table if r.get("step_timed") and r["phase"] == "warm"]
+    head = f"{'layer-wise steps':<22} {'tokens':>6} {'role':<8} {'phase':<13} {'1st wait':>8} {'cpu':>6}"
+    head += f" {'gpu':>6} {'dma':>13} {'idle':>6} {'after':>6}"
+    lines = [head]
+    for r in warm:
+        lines.append(
+            f"{r['model'][:22]:<22} {r['tokens']:>6} {r['role'][:8]:<8} {r['phase'][:13]:<13} {'-':>8} "
+            f"{_ms(r.get('step_cpu_us')):>6} {_ms(r.get('step_gpu_us')):>6} {'-':>13} {'-':>6} {'-':>6}"
+        )
+    for r in traced:
+        n = r["load_lw_traced_steps"]
+        g = {k: (r.get(k) or 0) / n for k in TRACE[1:]}
+        span = g["load_lw_dma_end_us"] - g["load_lw_dma_begin_us"]
+        idle = span - (r.get("load_dma_us") or 0) / n
+        after = g["load_lw_gpu_us"] - g["load_lw_dma_end_us"]
+        dma = f"{_ms(g['load_lw_dma_begin_us'])}..{_ms(g['load_lw_dma_end_us'])}"
+        lines.append(
+            f"{r['model'][:22]:<22} {r['tokens']:>6} {r['role'][:8]:<8} {r['phase'][:13]:<13} "
+            f"{_ms(g['load_lw_cpu_first_wait_us']):>8} {_ms(g['load_lw_cpu_us']):>6} "
+            f"{_ms(g['load_lw_gpu_us']):>6} {dma:>13} {_ms(idle):>6} {_ms(after):>6}"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("results", help="results.json of a gpu-e2e run")
@@ -106,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_e2e_hits: cannot read {a.results}: {exc}", file=sys.stderr)
         return 2
     table = rows(results, a.kvd, a.tokens)
-    print(json.dumps(table, indent=1) if a.json else render(table))
+    if a.json:
+        print(json.dumps(table, indent=1))
+    else:
+        trace = render_trace(rows(results, False, a.tokens))
+        print(render(table) + (f"\n\n{trace}" if trace else ""))
     return 0
 
 

@@ -182,7 +182,16 @@ LAYERWISE_COUNTERS = (
     "load_layerwise_waits",
     "load_layerwise_late_layers",
     "load_layerwise_scattered_steps",
+    # where a layer-wise step's time went (infera/engine/vllm/worker/gpu/steptrace.py)
+    "load_lw_traced_steps",
+    "load_lw_cpu_first_wait_us",
+    "load_lw_cpu_us",
+    "load_lw_gpu_us",
+    "load_lw_dma_begin_us",
+    "load_lw_dma_end_us",
 )
+# a step without loads (the warm GPU hits), from bind_connector_metadata to wait_for_save
+STEP_COUNTERS = ("step_timed", "step_cpu_us", "step_gpu_us")
 SKIPPED = tuple(f"load_skipped_slower_tokens_{t}" for t in ("ram", "disk", "distributed"))
 
 
@@ -205,6 +214,27 @@ def timed_hit(e: Engine, ids: list[int], retention: str | None = None) -> dict[s
         for k in (*SKIPPED, "prewarm_chunks", "load_skipped_policy_tokens"):
             r[k] = now.get(k, 0) - sched.get(k, 0)
         r["skipped_tokens"] = sum(r[k] for k in SKIPPED) + r["load_skipped_policy_tokens"]
+    return r
+
+
+def timed_warm(e: Engine, ids: list[int]) -> dict[str, Any]:
+    """One warm GPU hit; for kvd engines also its forward's CPU and GPU time (``step_*``).
+
+    Counters reach the daemon at a step's end, its GPU time a step later, so two short requests
+    follow the hit; what the second adds (one short request's CPU time and the first one's GPU
+    time) is taken off what the hit and the first one added."""
+    if e.role == "native":
+        return e.gen(ids)
+    path = e.model["path"]
+    before = worker_counters(path)
+    r = e.gen(ids)
+    e.poke()
+    mid = worker_counters(path)
+    e.poke()
+    after = worker_counters(path)
+    for k in STEP_COUNTERS:
+        r[k] = (mid.get(k, 0) - before.get(k, 0)) - (after.get(k, 0) - mid.get(k, 0))
+    r["step_timed"] = 1 if r.get("step_cpu_us", 0) > 0 else 0
     return r
 
 
@@ -276,7 +306,7 @@ def run(spec: dict[str, Any], role: str) -> None:
                     ]
                 e.reset()
                 out["store"] = e.gen(P, "long" if on_disk else "short")  # no disk rows: RAM only
-                out["warm"] = [e.gen(P) for _ in range(R)]
+                out["warm"] = [timed_warm(e, P) for _ in range(R)]
                 out["disk_store"], out["disk_warm"] = [], []
                 for i in range(R if on_disk else 0):
                     e.reset()

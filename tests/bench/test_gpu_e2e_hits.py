@@ -108,3 +108,43 @@ def test_the_lane_script_uses_only_options_the_bench_has() -> None:
     used = {w for line in script.splitlines() if " e2e " in line for w in line.split() if w.startswith("--")}
     assert used, "no stage lines found"
     assert used <= known, f"options the bench does not have: {sorted(used - known)}"
+
+
+def test_the_trace_table_splits_a_layer_wise_step(hits: Any) -> None:
+    """Two traced steps in one hit are averaged; idle is the DMA window less the DMAs' own time,
+    after is the forward left once the last DMA ended."""
+    traced = {
+        **HIT,
+        "load_dma_us": 2 * 40_000,
+        "load_lw_traced_steps": 2,
+        "load_lw_cpu_first_wait_us": 2 * 3_000,
+        "load_lw_cpu_us": 2 * 30_000,
+        "load_lw_gpu_us": 2 * 55_000,
+        "load_lw_dma_begin_us": 2 * 1_000,
+        "load_lw_dma_end_us": 2 * 45_000,
+    }
+    results = {
+        "records": [
+            {"_kind": "RESULT", "model": "Llama", "role": "kvd-a", "tokens": 16384, "hit": [traced, HIT]}
+        ]
+    }
+    table = hits.rows(results, kvd_only=True)
+    text = hits.render_trace(table)
+    lines = text.splitlines()
+    assert len(lines) == 2, "the untraced hit has no line"
+    cells = lines[1].split()
+    assert cells[-6:] == ["3.0", "30.0", "55.0", "1.0..45.0", "4.0", "10.0"], lines[1]
+    assert hits.render_trace(hits.rows(RESULTS, kvd_only=True)) == ""
+
+
+def test_main_prints_the_trace_after_the_hits(hits: Any, tmp_path: Path, capsys: Any) -> None:
+    traced = {**HIT, "load_lw_traced_steps": 1, "load_lw_gpu_us": 50_000, "load_lw_dma_end_us": 45_000}
+    path = tmp_path / "results.json"
+    path.write_text(
+        json.dumps(
+            {"records": [{"_kind": "RESULT", "model": "M", "role": "kvd-a", "tokens": 8, "hit": [traced]}]}
+        )
+    )
+    assert hits.main([str(path), "--kvd"]) == 0
+    out = capsys.readouterr().out
+    assert "layer-wise steps" in out and out.index("layer-wise steps") > out.index("busiest threads")

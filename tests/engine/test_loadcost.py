@@ -3,6 +3,7 @@ timings, the policy's counters and prewarm, and the environment switch."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -210,6 +211,21 @@ def test_worker_timings_reach_the_cost_model() -> None:
     assert costs.chunk_bytes == CHUNK
     assert counters["timing_load_samples"] == 2 and counters["timing_step_samples"] == 1
     assert costs.samples["disk"] == 2 and costs.samples["prefill"] == 1
+
+
+def test_timed_steps_add_to_the_workers_counters() -> None:
+    """A step without loads counts its CPU time (bind to wait_for_save) in the worker's counters;
+    a step with loads (started with 0 tokens) is not timed."""
+    counters: dict[str, int] = {}
+    t = Timings(counters)
+    t.step_started(16)
+    time.sleep(0.01)
+    t.step_ended()
+    assert counters["step_timed"] == 1 and counters["step_cpu_us"] >= 10_000
+    t.step_started(0)
+    t.step_ended()
+    assert counters["step_timed"] == 1
+    assert "step_gpu_us" not in counters, "no GPU events on the CPU"
 
 
 def test_the_environment_switch() -> None:

@@ -10,6 +10,7 @@ CPU one. Run on the H200 machine (docs/benchmarks.md, "GPU data path").
 from __future__ import annotations
 
 import os
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -192,7 +193,7 @@ def test_layerwise_load_lands_each_layer_behind_its_own_dma(layout: str, slabs: 
     rows, how = row_copier(DEV)
     assert rows is not None, how
     released: list[int] = []
-    lw = GpuLayerwise(gpu, rows, {"load_layerwise_waits": 0, "load_layerwise_steps": 0}, lambda ids: None)
+    lw = GpuLayerwise(gpu, rows, Counter(), lambda ids: None)
     gpu.load_pool.buf = torch.empty(slabs * lw.slab_bytes(n), dtype=torch.uint8, device=DEV)
     lw.start(items, arena, lambda: released.append(1))
     seen = []
@@ -213,5 +214,13 @@ def test_layerwise_load_lands_each_layer_behind_its_own_dma(layout: str, slabs: 
 
     assert lw.call_s != CALL_S and 0 < lw.call_s < 1e-3, lw.call_s
     assert lw.dma_gbps != DMA_GBPS and lw.dma_gbps > 0, lw.dma_gbps
+    # the step's trace, read off the GPU's own events once the forward (here: the sums) ended
+    c = lw.counters
+    assert c["load_lw_traced_steps"] == 0, "the trace ends with the step, not with the last layer"
+    lw.trace.end()
+    gpu.drain()
+    assert c["load_lw_traced_steps"] == 1
+    assert 0 <= c["load_lw_dma_begin_us"] < c["load_lw_dma_end_us"] <= c["load_lw_gpu_us"], c
+    assert c["load_lw_cpu_first_wait_us"] <= c["load_lw_cpu_us"], c
     print(f"layer-wise step: {lw.call_s * 1e6:.1f} us of CPU per row copy, DMA {lw.dma_gbps:.1f} GB/s (EWMA)")
     pin.detach()

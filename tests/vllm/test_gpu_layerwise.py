@@ -258,6 +258,14 @@ def test_worker_loads_layer_by_layer(daemon: Any, staging_chunks: int) -> None:
     big = staging_chunks > 2
     assert w.counters["load_layerwise_steps"] == (1 if big else 0)
     assert w.counters["load_layerwise_whole_steps"] == (0 if big else 1), "too small a ring: the whole step"
+    # the step's trace ended with it (finish_layers: wait_for_save); on the CPU only its CPU side
+    c = w.counters
+    assert c["load_lw_traced_steps"] == (1 if big else 0)
+    if big:
+        assert 0 < c["load_lw_cpu_first_wait_us"] <= c["load_lw_cpu_us"], c
+        assert c["load_lw_gpu_us"] == c["load_lw_dma_end_us"] == 0, "no GPU events on the CPU path"
+        w.finish_layers()
+        assert c["load_lw_traced_steps"] == 1, "a step's trace is counted once"
     w.link.client().ping()
     with daemon.client(want_arena=False) as c:
         row = next(cl for cl in c.stats()["clients"] if cl["role"] == "vllm-worker-0")

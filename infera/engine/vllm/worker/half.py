@@ -101,7 +101,7 @@ class WorkerHalf(LoadMixin, GpuWorkerMixin, GpuSaveMixin):
         self.gd_sel: gpudirect.Selection | None = None
         # tests and dry runs: run the GPU copy path's code on CPU tensors (synchronous stand-ins)
         self.gpu_path_on_cpu = gpu_path_on_cpu
-        self.timings = Timings()  # load and step times for the scheduler's cost model
+        self.timings = Timings(self.counters)  # load and step times for the scheduler's cost model
         # INFERA_KVD_LOAD_LAYERWISE=1: the CPU path's or the GPU path's (then also gpu_layerwise)
         self.layerwise: LayerwiseLoads | GpuLayerwise | None = None
         self.gpu_layerwise: GpuLayerwise | None = None

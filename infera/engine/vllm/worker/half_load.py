@@ -40,6 +40,7 @@ class LoadMixin:
     counters: Counter[str]
     timings: Timings
     layerwise: LayerwiseLoads | GpuLayerwise | None
+    gpu_layerwise: GpuLayerwise | None
     load_errors: set[int]
     finished_loads: set[str]
     failed_loads: set[str]
@@ -160,6 +161,8 @@ class LoadMixin:
         """Copy what a layer-wise load still holds and give its leases back."""
         if self.layerwise is not None and self.layerwise.active:
             self.layerwise.finish()
+        if self.gpu_layerwise is not None:  # the step's forward is queued: its trace ends
+            self.gpu_layerwise.trace.end()
 
     def _fail_chunk(self, block_ids: list[int], why: str) -> None:
         if self.failure == "blocks":

@@ -13,12 +13,17 @@ round trip, and samples of every TP rank are concatenated by :meth:`KvdWorkerMet
 * a **step sample**: the tokens of a step without loads and the forward's time, from
   ``bind_connector_metadata`` to ``wait_for_save`` (on a GPU: CUDA events on the compute stream,
   read once they completed, never waited for).
+
+Timed steps also add to the worker's counters (``step_timed``, ``step_cpu_us``: bind to
+``wait_for_save`` on the CPU, ``step_gpu_us``: the same on the GPU), so a warm GPU hit's forward
+can be set beside a layer-wise load step's trace (:mod:`~infera.engine.vllm.worker.gpu.steptrace`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +59,8 @@ class KvdWorkerMeta(KVConnectorWorkerMetadata):
 class Timings:
     """One worker's measurements until vLLM asks for this step's worker metadata."""
 
-    def __init__(self) -> None:
+    def __init__(self, counters: MutableMapping[str, int] | None = None) -> None:
+        self.counters: MutableMapping[str, int] = counters if counters is not None else {}
         self._lock = threading.Lock()  # load samples come from the copier's completion thread
         self.loads: list[tuple[int, int, float]] = []
         self.steps: list[tuple[int, float]] = []
@@ -90,8 +96,11 @@ class Timings:
         if step is None:
             return
         tokens, wall, start = step
+        cpu_s = time.perf_counter() - wall
+        self._count("step_timed", 1)
+        self._count("step_cpu_us", int(cpu_s * 1e6))
         if start is None:
-            self._add_step(tokens, time.perf_counter() - wall)
+            self._add_step(tokens, cpu_s)
             return
         import torch
 
@@ -106,7 +115,12 @@ class Timings:
     def _collect(self) -> None:
         while self._pending and self._pending[0][2].query():
             tokens, start, end = self._pending.pop(0)
-            self._add_step(tokens, start.elapsed_time(end) / 1000.0)
+            seconds = start.elapsed_time(end) / 1000.0
+            self._count("step_gpu_us", int(seconds * 1e6))
+            self._add_step(tokens, seconds)
+
+    def _count(self, name: str, value: int) -> None:
+        self.counters[name] = self.counters.get(name, 0) + value
 
     def take(self) -> KvdWorkerMeta | None:
         """What was measured since the last call, or None (nothing to send)."""

@@ -45,6 +45,7 @@ import torch
 from infera.engine.vllm.worker.gpu.copier import GpuCopier
 from infera.engine.vllm.worker.gpu.rows import RowCopy, row_copier
 from infera.engine.vllm.worker.gpu.staging import LoadItem
+from infera.engine.vllm.worker.gpu.steptrace import StepTrace
 
 log = logging.getLogger("infera.engine.vllm")
 
@@ -89,6 +90,7 @@ class GpuLayerwise:
         # runs) copy in the call itself, so there is no queueing to weigh against the DMA
         self.call_s = 0.0 if gpu.ops.synchronous else CALL_S
         self.dma_gbps = DMA_GBPS  # measured: bytes over the DMAs' own time, per step
+        self.trace = StepTrace(gpu.ops, gpu.completer, counters)  # where each step's time went
         self._reset()
 
     def _reset(self) -> None:
@@ -192,6 +194,7 @@ class GpuLayerwise:
         ]
         self.freed = [None] * self.ring
         self.counters["load_layerwise_steps"] += 1
+        self.trace.begin()
         try:
             while self.next_dma < self.ring:
                 self._dma(self.next_dma)
@@ -229,6 +232,7 @@ class GpuLayerwise:
             self.dma_calls += len(self.runs)
         self.dma_done.append(end)
         self.dma_spans.append((begin, end))
+        self.trace.dma(begin, end)
         self.next_dma += 1
 
     def _copy(self, layer: int) -> None:
@@ -259,6 +263,7 @@ class GpuLayerwise:
         layer = self.index.get(layer_name)
         if not self.items or layer is None or layer < self.next_copy:
             return
+        self.trace.waited()
         while self.next_copy < layer:  # ran without waiting: its blocks are recomputed
             self.late += 1
             self._copy(self.next_copy)
