@@ -27,7 +27,7 @@ e2e() {  # stage, estimate, gpu-e2e arguments...
   if [ "$(left)" -lt "$need" ]; then stamp "$stage skipped: $(left) s left of CAP, needs about $need"; return; fi
   timeout "$(left)" python3 -m infera.cli bench gpu-e2e --out "$OUT/$stage" "$@" > "$OUT/$stage.txt" 2>&1
   echo "$stage rc=$?"; grep -v '^\s*$' "$OUT/$stage.txt" | tail -24
-  [ -f "$OUT/$stage/results.json" ] && python3 benchmarks/gpu_e2e_hits.py "$OUT/$stage/results.json" --kvd | tail -20
+  [ -f "$OUT/$stage/results.json" ] && python3 benchmarks/gpu_e2e_hits.py "$OUT/$stage/results.json" --kvd | tail -40
   stamp "$stage"
 }
 for stage in "$@"; do
