@@ -11,6 +11,7 @@
 #   full    16k + 1k partial, auto, layer-wise, with the token check      (~260 s)
 #   tests   pytest tests/gpu                                               (~40 s)
 #   short   the sweep's 512 and 1,024 lengths, auto, layer-wise           (~180 s)
+#   sweep   the whole sweep, 512 .. 16k in one run, auto, layer-wise, 2 repeats (~420 s)
 #   graphs  16k + 1k partial, auto, layer-wise, without enforce_eager     (~400 s, compiles)
 # Results land under $OUT/<stage>/ (results.json, engine and daemon logs); a stage's per-hit split
 # (vLLM's queue/step times, the worker's LEASE/load/DMA times, the busiest threads) prints with
@@ -35,11 +36,12 @@ for stage in "$@"; do
     lean) e2e lean 200 --sizes 16384 --partial '' --gemma3-sizes '' --no-check --repeat 2 --load-policy auto --layerwise ;;
     full) e2e full 260 --sizes 16384 --partial 1024 --gemma3-sizes '' --load-policy auto --layerwise ;;
     short) e2e short 180 --sizes 512,1024 --sweep 512,1024 --partial '' --gemma3-sizes '' --no-check --load-policy auto --layerwise ;;
+    sweep) e2e sweep 420 --sizes 16384 --sweep default --partial '' --gemma3-sizes '' --no-check --repeat 2 --load-policy auto --layerwise ;;
     graphs) e2e graphs 400 --sizes 16384 --partial 1024 --gemma3-sizes '' --no-check --load-policy auto --layerwise --cuda-graphs --timeout 500 ;;
     tests)
       if [ "$(left)" -lt 40 ]; then stamp "tests skipped"; continue; fi
       timeout 60 python3 -m pytest -q -x -p no:cacheprovider tests/gpu > "$OUT/pytest-gpu.log" 2>&1
       echo "tests rc=$?"; tail -2 "$OUT/pytest-gpu.log"; stamp tests ;;
-    *) echo "unknown stage $stage (lean, full, tests, short, graphs)"; exit 2 ;;
+    *) echo "unknown stage $stage (lean, full, tests, short, sweep, graphs)"; exit 2 ;;
   esac
 done
