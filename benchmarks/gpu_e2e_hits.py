@@ -81,9 +81,12 @@ def rows(results: dict[str, Any], kvd_only: bool = False, tokens: int | None = N
 
 def load_path(hit: dict[str, Any]) -> str:
     """How the worker moved a hit: ``layers`` (layer-wise), ``whole`` (every layer before the
-    forward), ``scattered`` (layer-wise asked, loaded whole: too many runs), ``-`` (no DMA)."""
+    forward), ``small`` (layer-wise asked, loaded whole: too little DMA to hide the per-layer
+    CPU behind), ``scattered`` (layer-wise asked, loaded whole: too many runs), ``-`` (no DMA)."""
     if hit.get("load_layerwise_steps"):
         return "layers"
+    if hit.get("load_layerwise_small_steps"):
+        return "small"
     if hit.get("load_layerwise_scattered_steps"):
         return "scattered"
     return "whole" if hit.get("load_dma_us") else "-"

@@ -182,6 +182,7 @@ LAYERWISE_COUNTERS = (
     "load_layerwise_waits",
     "load_layerwise_late_layers",
     "load_layerwise_scattered_steps",
+    "load_layerwise_small_steps",
     # where a layer-wise step's time went (infera/engine/vllm/worker/gpu/steptrace.py)
     "load_lw_traced_steps",
     "load_lw_cpu_first_wait_us",

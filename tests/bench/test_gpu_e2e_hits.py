@@ -78,6 +78,7 @@ def test_render_shows_the_split_and_dashes_for_what_a_run_did_not_record(hits: A
 def test_the_path_column_says_how_each_hit_was_moved(hits: Any) -> None:
     assert hits.load_path({**HIT, "load_layerwise_steps": 1}) == "layers"
     assert hits.load_path({**HIT, "load_layerwise_scattered_steps": 1}) == "scattered"
+    assert hits.load_path({**HIT, "load_layerwise_small_steps": 1}) == "small"
     assert hits.load_path(HIT) == "whole"
     assert hits.load_path({"ms": 69.6}) == "-"
     line = hits.render(hits.rows(RESULTS, kvd_only=True)).splitlines()[1]

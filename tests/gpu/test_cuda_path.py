@@ -210,9 +210,10 @@ def test_layerwise_load_lands_each_layer_behind_its_own_dma(layout: str, slabs: 
         assert float(sums[0]) == float(want[names[i]].float().abs().sum()), "layer i landed before it ran"
         assert len(sums) == 1 or float(sums[1]) == 0.0, "layer i+1 lands only at its own wait"
     # the step measured the two rates the scattered-step rule weighs (warm-up defaults before)
-    from infera.engine.vllm.worker.gpu.layerwise_gpu import CALL_S, DMA_GBPS
+    from infera.engine.vllm.worker.gpu.layerwise_gpu import CALL_S, DMA_GBPS, LAYER_S
 
     assert lw.call_s != CALL_S and 0 < lw.call_s < 1e-3, lw.call_s
+    assert lw.layer_s != LAYER_S and 0 < lw.layer_s < 0.1, lw.layer_s
     assert lw.dma_gbps != DMA_GBPS and lw.dma_gbps > 0, lw.dma_gbps
     # the step's trace, read off the GPU's own events once the forward (here: the sums) ended
     c = lw.counters
@@ -222,5 +223,8 @@ def test_layerwise_load_lands_each_layer_behind_its_own_dma(layout: str, slabs: 
     assert c["load_lw_traced_steps"] == 1
     assert 0 <= c["load_lw_dma_begin_us"] < c["load_lw_dma_end_us"] <= c["load_lw_gpu_us"], c
     assert c["load_lw_cpu_first_wait_us"] <= c["load_lw_cpu_us"], c
-    print(f"layer-wise step: {lw.call_s * 1e6:.1f} us of CPU per row copy, DMA {lw.dma_gbps:.1f} GB/s (EWMA)")
+    print(
+        f"layer-wise step: {lw.call_s * 1e6:.1f} us of CPU per row copy, {lw.layer_s * 1e6:.1f} us per "
+        f"layer's wait, DMA {lw.dma_gbps:.1f} GB/s (EWMA)"
+    )
     pin.detach()

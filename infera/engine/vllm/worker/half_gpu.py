@@ -242,7 +242,7 @@ class GpuWorkerMixin:
             and not hybrid
             and ram
             and lw.fits(len(ram[0]))
-            and not lw.scattered(ram[0])
+            and not lw.too_costly(ram[0])
         ):
             # layer by layer: the link's bracket stays held until the last DMA is queued
             lw.hold(self.link.using(wait=True))
@@ -260,7 +260,7 @@ class GpuWorkerMixin:
             self.counters["load_us"] += int((time.perf_counter() - started) * 1e6)
             return
         if lw is not None and ram:
-            self.counters["load_layerwise_whole_steps"] += 1  # GPU-direct reads, too big a step, scattered
+            self.counters["load_layerwise_whole_steps"] += 1  # GPU-direct, too big, too small, scattered
         if not ram:
             self.gpu.load([], arena, release)
         for group, group_items in ram.items():

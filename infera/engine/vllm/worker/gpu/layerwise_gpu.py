@@ -21,15 +21,20 @@ step's blocks are reported as load errors, so vLLM recomputes them, as on the CP
 (:mod:`~infera.engine.vllm.worker.layerwise`). A step whose slabs do not fit twice in the staging
 buffer, a hybrid model, or a GPU-direct read loads the whole step as before (counted).
 
-**Scattered chunks.** A layer-wise step queues one DMA per run of neighbouring chunks *per layer*,
-where a whole-step load queues one per run. In a fresh arena a prompt's chunks sit next to each
-other (one run); in a long-lived one, best-fit reuse of evicted regions scatters them, up to one
-run per chunk: a 16k-token hit of 512 scattered chunks on a 32-layer model would queue 16,384
-DMAs, each a few microseconds of CPU, more than the forward the DMAs were meant to hide behind.
-So a step goes layer by layer only while the extra queueing, ``runs x (layers - 1)`` calls at the
-measured CPU cost of one call, stays under half of what its DMAs take at the measured rate
-(warm-up defaults until the first step is measured); otherwise it loads the whole step, counted in
-``load_layerwise_scattered_steps`` and logged once.
+**When layer by layer pays.** Each layer costs the step's thread CPU time in vLLM's
+``wait_for_layer_load`` (queueing a wait, the slab's indexed copy, the next DMA and its events):
+about 0.15 ms per layer on the H100, 5 ms for a 32-layer model, which the forward of an eager
+engine pays on top of its own launches. It pays back only by hiding DMA time: a 16k-token hit's
+40 ms, yes; a 512-token hit's 1.3 ms, no (layer by layer it took 34 ms against 20 ms recomputed
+and 23 ms loaded whole, H100 run K). A step also queues one DMA per run of neighbouring chunks
+*per layer*, where a whole-step load queues one per run. In a fresh arena a prompt's chunks sit
+next to each other (one run); in a long-lived one, best-fit reuse of evicted regions scatters
+them, up to one run per chunk: 512 scattered chunks on 32 layers would queue 16,384 DMAs. So a
+step goes layer by layer only while its extra CPU, ``layers x layer_s + runs x (layers - 1) x
+call_s`` at the measured per-layer and per-call costs, stays under half of what its DMAs take at
+the measured rate (warm-up defaults until a layer-wise step measures them); otherwise it loads
+the whole step, counted in ``load_layerwise_small_steps`` (the per-layer cost outweighs) or
+``load_layerwise_scattered_steps`` (the per-call cost does), each logged once.
 """
 
 from __future__ import annotations
@@ -53,8 +58,9 @@ ALIGN = 256  # slab starts: aligned for every index dtype and for the DMA engine
 # warm-up defaults of the two rates the scattered-step rule uses, until a step measures them
 CALL_S = 10e-6  # CPU seconds to check and queue one row copy (ctypes call + driver)
 DMA_GBPS = 25.0  # host-to-device rate of a step's DMAs (pinned PCIe 5: about 55)
+LAYER_S = 150e-6  # CPU seconds of one layer's wait_for_layer_load, row copies aside (H100: ~0.15 ms)
 EWMA = 0.3  # weight of a new measurement
-SCATTER_SHARE = 0.5  # extra queueing allowed, as a share of the step's DMA time
+SCATTER_SHARE = 0.5  # extra CPU allowed, as a share of the step's DMA time
 
 
 def runs_of(items: list[LoadItem], chunk_bytes: int) -> list[tuple[int, int, int]]:
@@ -85,10 +91,11 @@ class GpuLayerwise:
         self.index = {lb.name: i for i, lb in enumerate(self.layers)}
         self._hold = contextlib.ExitStack()
         self._warned = False
-        self._warned_scattered = False
+        self._warned_costly: set[str] = set()
         # measured: CPU time per queued row copy. Synchronous stand-ins (HostOps: CPU tests and dry
         # runs) copy in the call itself, so there is no queueing to weigh against the DMA
         self.call_s = 0.0 if gpu.ops.synchronous else CALL_S
+        self.layer_s = 0.0 if gpu.ops.synchronous else LAYER_S  # measured: CPU per layer's wait
         self.dma_gbps = DMA_GBPS  # measured: bytes over the DMAs' own time, per step
         self.trace = StepTrace(gpu.ops, gpu.completer, counters)  # where each step's time went
         self._reset()
@@ -102,6 +109,8 @@ class GpuLayerwise:
         self.dma_spans: list[tuple[Any, Any]] = []  # each layer's DMA, begin and end events
         self.dma_wall = 0.0  # CPU time queueing the DMAs (HostOps: the copies themselves)
         self.dma_calls = 0
+        self.wait_wall = 0.0  # CPU time in wait(), its row copies aside
+        self.waits = 0
         self.freed: list[Any] = []
         self.late = 0
         self._on_done: Callable[[], None] | None = None
@@ -134,26 +143,33 @@ class GpuLayerwise:
         """Whether ``n`` chunks fit the ring (two slabs at least) and there is a layer to overlap."""
         return len(self.layers) > 1 and n > 0 and self.gpu.load_pool.buf.numel() // self.slab_bytes(n) >= 2
 
-    def scattered(self, items: list[LoadItem]) -> bool:
-        """Whether ``items`` sit in so many runs that queueing their DMAs layer by layer would cost
-        more CPU than half of what the DMAs take (then the whole step loads at once, counted)."""
+    def too_costly(self, items: list[LoadItem]) -> bool:
+        """Whether loading ``items`` layer by layer would cost more CPU than half of what their
+        DMAs take (then the whole step loads at once, counted as ``small`` or ``scattered``)."""
         runs = len(runs_of(items, self.gpu.chunk_bytes))
-        extra_s = runs * (len(self.layers) - 1) * self.call_s
+        layers = len(self.layers)
+        # one run queues one call per layer: that is part of the per-layer cost
+        calls_s = runs * (layers - 1) * self.call_s if runs > 1 else 0.0
+        layers_s = layers * self.layer_s
         dma_s = sum(it.length for it in items) / (self.dma_gbps * 1e9)
-        if runs <= 1 or extra_s <= SCATTER_SHARE * dma_s:
+        if calls_s + layers_s <= SCATTER_SHARE * dma_s:
             return False
-        self.counters["load_layerwise_scattered_steps"] += 1
-        if not self._warned_scattered:
-            self._warned_scattered = True
+        why = "scattered" if runs > 1 and calls_s > layers_s else "small"
+        self.counters[f"load_layerwise_{why}_steps"] += 1
+        if why not in self._warned_costly:
+            self._warned_costly.add(why)
+            place = f" in {runs} separate places of the arena" if why == "scattered" else ""
             log.info(
-                "infera-kvd: a %d-chunk load sits in %d separate places of the arena; layer by layer "
-                "it would queue %d DMAs (about %.1f ms of CPU against %.1f ms of DMA), so it loads "
-                "the whole step at once (counted in load_layerwise_scattered_steps)",
+                "infera-kvd: a %d-chunk load%s would cost about %.1f ms of CPU layer by layer "
+                "(%d layers, %d DMA calls) against %.1f ms of DMA to hide, so it loads the whole "
+                "step at once (counted in load_layerwise_%s_steps)",
                 len(items),
-                runs,
-                runs * len(self.layers),
-                extra_s * 1e3,
+                place,
+                (calls_s + layers_s) * 1e3,
+                layers,
+                runs * layers,
                 dma_s * 1e3,
+                why,
             )
         return True
 
@@ -264,11 +280,14 @@ class GpuLayerwise:
         if not self.items or layer is None or layer < self.next_copy:
             return
         self.trace.waited()
+        t, dma_before = time.perf_counter(), self.dma_wall
         while self.next_copy < layer:  # ran without waiting: its blocks are recomputed
             self.late += 1
             self._copy(self.next_copy)
         self._copy(layer)
         self.counters["load_layerwise_waits"] += 1
+        self.wait_wall += time.perf_counter() - t - (self.dma_wall - dma_before)
+        self.waits += 1
         if self.next_copy == len(self.layers):
             self.finish()
 
@@ -320,6 +339,8 @@ class GpuLayerwise:
         spans, wall, calls = self.dma_spans, self.dma_wall, self.dma_calls
         if calls and not ops.synchronous:  # HostOps copies the bytes in the call: no queueing cost
             self.call_s += EWMA * (wall / calls - self.call_s)
+        if self.waits and not ops.synchronous:
+            self.layer_s += EWMA * (self.wait_wall / self.waits - self.layer_s)
         end = self.dma_done[-1] if complete else None
         self._reset()
         gpu._count("load_dma_chunks", n)
