@@ -11,7 +11,7 @@
 #   full    16k + 1k partial, auto, layer-wise, with the token check      (~260 s)
 #   tests   pytest tests/gpu                                               (~40 s)
 #   short   the sweep's 512 and 1,024 lengths, auto, layer-wise           (~180 s)
-#   sweep   the whole sweep, 512 .. 16k in one run, auto, layer-wise, 2 repeats (~420 s)
+#   sweep   the whole sweep, 512 .. 16k, and the 16k + 1k partial hit, auto, layer-wise, 2 repeats (~220 s)
 #   graphs  16k + 1k partial, auto, layer-wise, without enforce_eager     (~400 s, compiles)
 # Results land under $OUT/<stage>/ (results.json, engine and daemon logs); a stage's per-hit split
 # (vLLM's queue/step times, the worker's LEASE/load/DMA times, the busiest threads) prints with
@@ -29,6 +29,7 @@ e2e() {  # stage, estimate, gpu-e2e arguments...
   timeout "$(left)" python3 -m infera.cli bench gpu-e2e --out "$OUT/$stage" "$@" > "$OUT/$stage.txt" 2>&1
   echo "$stage rc=$?"; grep -v '^\s*$' "$OUT/$stage.txt" | tail -24
   [ -f "$OUT/$stage/results.json" ] && python3 benchmarks/gpu_e2e_hits.py "$OUT/$stage/results.json" --kvd | tail -40
+  grep -ho "infera-kvd: a [0-9]*-chunk load.*" "$OUT/$stage"/*.log 2>/dev/null | sort | uniq -c | head -8  # steps loaded whole
   stamp "$stage"
 }
 for stage in "$@"; do
@@ -36,7 +37,7 @@ for stage in "$@"; do
     lean) e2e lean 200 --sizes 16384 --partial '' --gemma3-sizes '' --no-check --repeat 2 --load-policy auto --layerwise ;;
     full) e2e full 260 --sizes 16384 --partial 1024 --gemma3-sizes '' --load-policy auto --layerwise ;;
     short) e2e short 180 --sizes 512,1024 --sweep 512,1024 --partial '' --gemma3-sizes '' --no-check --load-policy auto --layerwise ;;
-    sweep) e2e sweep 420 --sizes 16384 --sweep default --partial '' --gemma3-sizes '' --no-check --repeat 2 --load-policy auto --layerwise ;;
+    sweep) e2e sweep 240 --sizes 16384 --sweep default --partial 1024 --gemma3-sizes '' --no-check --repeat 2 --load-policy auto --layerwise ;;
     graphs) e2e graphs 400 --sizes 16384 --partial 1024 --gemma3-sizes '' --no-check --load-policy auto --layerwise --cuda-graphs --timeout 500 ;;
     tests)
       if [ "$(left)" -lt 40 ]; then stamp "tests skipped"; continue; fi
