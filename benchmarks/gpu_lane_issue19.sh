@@ -29,7 +29,7 @@ e2e() {  # stage, estimate, gpu-e2e arguments...
   timeout "$(left)" python3 -m infera.cli bench gpu-e2e --out "$OUT/$stage" "$@" > "$OUT/$stage.txt" 2>&1
   echo "$stage rc=$?"; grep -v '^\s*$' "$OUT/$stage.txt" | tail -24
   [ -f "$OUT/$stage/results.json" ] && python3 benchmarks/gpu_e2e_hits.py "$OUT/$stage/results.json" --kvd | tail -40
-  grep -ho "infera-kvd: a [0-9]*-chunk load.*" "$OUT/$stage"/*.log 2>/dev/null | sort | uniq -c | head -8  # steps loaded whole
+  grep -o "infera-kvd: a [0-9]*-chunk load[^\"]*" "$OUT/$stage.txt" | sort | uniq -c | head -8  # steps loaded whole
   stamp "$stage"
 }
 for stage in "$@"; do
