@@ -209,7 +209,7 @@ def test_layerwise_load_lands_each_layer_behind_its_own_dma(layout: str, slabs: 
     for i, sums in enumerate(seen):
         assert float(sums[0]) == float(want[names[i]].float().abs().sum()), "layer i landed before it ran"
         assert len(sums) == 1 or float(sums[1]) == 0.0, "layer i+1 lands only at its own wait"
-    # the step measured the two rates the scattered-step rule weighs (warm-up defaults before)
+    # the step measured the rates the whole-step rule weighs (warm-up defaults before)
     from infera.engine.vllm.worker.gpu.layerwise_gpu import CALL_S, DMA_GBPS, LAYER_S
 
     assert lw.call_s != CALL_S and 0 < lw.call_s < 1e-3, lw.call_s

@@ -198,14 +198,26 @@ def test_a_step_too_big_for_two_slabs_does_not_fit() -> None:
     assert lw.fits(most) and not lw.fits(most + 8)
 
 
-def test_a_scattered_step_loads_whole_when_queueing_costs_more_than_half_its_dma() -> None:
-    """Layer by layer, a step queues ``runs x layers`` DMAs instead of ``runs``: with rates
-    injected, the step goes whole exactly when ``runs x (layers - 1)`` calls at the per-call cost
-    exceed half of its DMA time; one run is never scattered, however slow a call."""
+def costed() -> tuple[GpuLayerwise, Counter[str], int]:
+    """A layer-wise loader of five layers on CPU stand-ins (rates to inject), its counters and
+    chunk bytes: for the rule that picks whole-step loads."""
     layout = KVLayout.from_caches(five_layers(), B)
     cb = layout.chunk_bytes(BPC)
     counters: Counter[str] = Counter()
     lw = GpuLayerwise(GpuCopier(layout, BPC, staging_bytes=4 * cb), torch_rows, counters, lambda ids: None)
+    return lw, counters, cb
+
+
+def one_run(cb: int) -> list[LoadItem]:
+    """Three chunks side by side in the arena."""
+    return [LoadItem(d, 0, BPC, (2 + i) * cb, cb) for i, d in enumerate(DST[:3])]
+
+
+def test_a_scattered_step_loads_whole_when_queueing_costs_more_than_half_its_dma() -> None:
+    """Layer by layer, a step queues ``runs x layers`` DMAs instead of ``runs``: with rates
+    injected, the step goes whole exactly when ``runs x (layers - 1)`` calls at the per-call cost
+    exceed half of its DMA time; one run is never scattered, however slow a call."""
+    lw, counters, cb = costed()
     its = items(cb)  # 3 runs, 5 layers: 12 extra calls
     lw.dma_gbps = 10.0
     half_dma = 0.5 * len(its) * cb / 10e9
@@ -216,33 +228,28 @@ def test_a_scattered_step_loads_whole_when_queueing_costs_more_than_half_its_dma
     lw.dma_gbps = 1.0  # a slower link leaves more DMA time to hide the calls behind
     assert not lw.too_costly(its)
     lw.call_s = 1.0
-    one_run = [LoadItem(d, 0, BPC, (2 + i) * cb, cb) for i, d in enumerate(DST[:3])]
-    assert not lw.too_costly(one_run)
+    assert not lw.too_costly(one_run(cb))
 
 
 def test_a_small_step_loads_whole_when_its_layers_cost_more_cpu_than_half_its_dma() -> None:
     """Each layer's wait costs CPU on the step's thread whatever the step's size: a step whose
     DMA is too short to hide ``layers x layer_s`` behind loads whole, counted as small (not as
     scattered, even in several runs, while the per-layer cost is the larger part)."""
-    layout = KVLayout.from_caches(five_layers(), B)
-    cb = layout.chunk_bytes(BPC)
-    counters: Counter[str] = Counter()
-    lw = GpuLayerwise(GpuCopier(layout, BPC, staging_bytes=4 * cb), torch_rows, counters, lambda ids: None)
+    lw, counters, cb = costed()
     assert lw.layer_s == 0.0 and lw.call_s == 0.0, "CPU stand-ins: nothing queued, nothing to weigh"
-    one_run = [LoadItem(d, 0, BPC, (2 + i) * cb, cb) for i, d in enumerate(DST[:3])]
+    run = one_run(cb)
     lw.dma_gbps = 10.0
-    half_dma = 0.5 * len(one_run) * cb / 10e9
+    half_dma = 0.5 * len(run) * cb / 10e9
     lw.layer_s = half_dma / 5 * 0.9
-    assert not lw.too_costly(one_run) and counters["load_layerwise_small_steps"] == 0
+    assert not lw.too_costly(run) and counters["load_layerwise_small_steps"] == 0
     lw.layer_s = half_dma / 5 * 1.1
-    assert lw.too_costly(one_run) and counters["load_layerwise_small_steps"] == 1
+    assert lw.too_costly(run) and counters["load_layerwise_small_steps"] == 1
     lw.layer_s, lw.call_s = 1.0, 0.1  # 3 runs: 12 extra calls (1.2 s) against 5 layers (5 s)
     assert lw.too_costly(items(cb)) and counters["load_layerwise_small_steps"] == 2
-    lw.call_s = 0.0
     assert counters["load_layerwise_scattered_steps"] == 0
     lw.layer_s = half_dma / 5 * 1.1
     lw.dma_gbps = 1.0  # ten times the DMA time to hide them behind
-    assert not lw.too_costly(one_run)
+    assert not lw.too_costly(run)
 
 
 # -- the worker, against a real daemon -------------------------------------------------------

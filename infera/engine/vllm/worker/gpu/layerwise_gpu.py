@@ -55,7 +55,7 @@ from infera.engine.vllm.worker.gpu.steptrace import StepTrace
 log = logging.getLogger("infera.engine.vllm")
 
 ALIGN = 256  # slab starts: aligned for every index dtype and for the DMA engines
-# warm-up defaults of the two rates the scattered-step rule uses, until a step measures them
+# warm-up defaults of the rates the whole-step rule (too_costly) uses, until a step measures them
 CALL_S = 10e-6  # CPU seconds to check and queue one row copy (ctypes call + driver)
 DMA_GBPS = 25.0  # host-to-device rate of a step's DMAs (pinned PCIe 5: about 55)
 LAYER_S = 150e-6  # CPU seconds of one layer's wait_for_layer_load, row copies aside (H100: ~0.15 ms)
