@@ -4,7 +4,8 @@
     python3 benchmarks/gpu_e2e_hits.py OUTDIR/results.json [--kvd] [--tokens 16384] [--json]
 
 Per request: the wall time (``ms``), vLLM's split of it (``queue``: queued to scheduled, which
-includes the connector's lookup; ``step``: scheduled to first token), and for kvd hits the worker's
+includes the connector's lookup; ``step``: scheduled to first token), for kvd requests the time
+in the connector's scheduler hooks (``sched``: lookup, load plan, step metadata), and for kvd hits the worker's
 LEASE round trips, the rest of its load hook and the DMAs' own time (CUDA events), the tokens the
 load policy recomputed, and the engine threads that used the most CPU meanwhile. ``--kvd`` keeps
 the kvd hits only. Runs with the standard library (the GPU machine's Python has nothing else).
@@ -64,6 +65,7 @@ def rows(results: dict[str, Any], kvd_only: bool = False, tokens: int | None = N
                                 "ms",
                                 "queue_ms",
                                 "step_ms",
+                                "sched_us",
                                 "load_lease_us",
                                 "load_us",
                                 "load_dma_us",
@@ -94,7 +96,7 @@ def load_path(hit: dict[str, Any]) -> str:
 
 def render(table: list[dict[str, Any]]) -> str:
     head = f"{'model':<22} {'tokens':>6} {'role':<8} {'phase':<13} {'ms':>7} {'queue':>6} {'step':>7}"
-    head += f" {'lease':>6} {'load':>6} {'dma':>6} {'path':>9} {'skip':>6}  busiest threads (ms)"
+    head += f" {'sched':>6} {'lease':>6} {'load':>6} {'dma':>6} {'path':>9} {'skip':>6}  busiest threads (ms)"
     lines = [head]
     for r in table:
         busy = ", ".join(f"{n} {ms:g}" for n, ms in (r["busy_threads"] or []) if ms)
@@ -102,7 +104,7 @@ def render(table: list[dict[str, Any]]) -> str:
         lines.append(
             f"{r['model'][:22]:<22} {r['tokens']:>6} {r['role'][:8]:<8} {r['phase'][:13]:<13} "
             f"{r['ms'] or 0:>7.1f} {'-' if q is None else f'{q:.1f}':>6} {'-' if s is None else f'{s:.1f}':>7} "
-            f"{_ms(r['load_lease_us']):>6} {_ms(r['load_us']):>6} {_ms(r['load_dma_us']):>6} {r['path']:>9} "
+            f"{_ms(r['sched_us']):>6} {_ms(r['load_lease_us']):>6} {_ms(r['load_us']):>6} {_ms(r['load_dma_us']):>6} {r['path']:>9} "
             f"{'-' if r['skipped_tokens'] is None else r['skipped_tokens']:>6}  {busy}"
         )
     return "\n".join(lines)

@@ -212,10 +212,14 @@ def timed_hit(e: Engine, ids: list[int], retention: str | None = None) -> dict[s
         for k in (*LOAD_COUNTERS, *LAYERWISE_COUNTERS):
             r[k] = after.get(k, 0) - before.get(k, 0)
         now = scheduler_counters(e.model["path"])
-        for k in (*SKIPPED, "prewarm_chunks", "load_skipped_policy_tokens"):
+        for k in (*SKIPPED, "prewarm_chunks", "load_skipped_policy_tokens", "sched_us"):
             r[k] = now.get(k, 0) - sched.get(k, 0)
         r["skipped_tokens"] = sum(r[k] for k in SKIPPED) + r["load_skipped_policy_tokens"]
     return r
+
+
+def _sched_us(path: str) -> dict[str, float]:
+    return {"sched_us": scheduler_counters(path).get("sched_us", 0)}
 
 
 def timed_warm(e: Engine, ids: list[int]) -> dict[str, Any]:
@@ -227,13 +231,13 @@ def timed_warm(e: Engine, ids: list[int]) -> dict[str, Any]:
     if e.role == "native":
         return e.gen(ids)
     path = e.model["path"]
-    before = worker_counters(path)
+    before = {**worker_counters(path), **_sched_us(path)}
     r = e.gen(ids)
     e.poke()
-    mid = worker_counters(path)
+    mid = {**worker_counters(path), **_sched_us(path)}
     e.poke()
-    after = worker_counters(path)
-    for k in STEP_COUNTERS:
+    after = {**worker_counters(path), **_sched_us(path)}
+    for k in (*STEP_COUNTERS, "sched_us"):
         r[k] = (mid.get(k, 0) - before.get(k, 0)) - (after.get(k, 0) - mid.get(k, 0))
     r["step_timed"] = 1 if r.get("step_cpu_us", 0) > 0 else 0
     return r

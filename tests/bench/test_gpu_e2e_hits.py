@@ -25,6 +25,7 @@ HIT = {
     "ms": 171.5,
     "queue_ms": 0.4,
     "step_ms": 168.2,
+    "sched_us": 4_300,
     "load_lease_us": 95_000,
     "load_us": 1751,
     "load_dma_us": 39572,
@@ -71,6 +72,7 @@ def test_render_shows_the_split_and_dashes_for_what_a_run_did_not_record(hits: A
     text = hits.render(hits.rows(RESULTS, kvd_only=True))
     hit_line, partial_line = text.splitlines()[1:3]
     assert "171.5" in hit_line and "168.2" in hit_line and " 95.0 " in hit_line and "39.6" in hit_line
+    assert " 4.3 " in hit_line  # the connector's scheduler hooks
     assert "VLLM::EngineCor 160" in hit_line and "python" not in hit_line  # idle threads are left out
     assert "69.6" in partial_line and partial_line.count(" - ") >= 4  # an older run: no split
 

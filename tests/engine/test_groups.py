@@ -194,3 +194,43 @@ def test_long_tier_key_indices_map_to_their_chunks() -> None:
     assert G.chunks_of([5, 7], per_chunk, 3) == {2}
     assert G.chunks_of([5, 7], per_chunk, 2) == set()  # beyond the found chunks: not a hit
     assert G.chunks_of([], per_chunk, 3) == set()
+
+
+def _servable_by_blocks(plan: G.Plan, local: int, end: int) -> bool:
+    """Plan.servable's rule, block by block, with no shortcut."""
+    for g in plan.offloaded:
+        first, stop = g.needed_blocks(local, end)
+        bpc = g.blocks_per_chunk(plan.chunk_tokens)
+        for b in range(first, stop):
+            rng_ = g.stored_range(b // bpc, plan.chunk_tokens)
+            if rng_ is None or not rng_[0] <= b % bpc < rng_[1]:
+                return False
+    return True
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_what_a_plan_works_out_once_matches_asking_each_chunk(seed: int) -> None:
+    """chunk_groups and servable answer from what a frozen plan computes once (the scheduler
+    asks them for each of a 16k prompt's 512 chunks); for every kind of plan that must be what
+    asking each group about each chunk gives."""
+    rng = random.Random(seed)
+    for _ in range(200):
+        bs = rng.choice((16, 32))
+        ct = bs * rng.randint(1, 8)
+        pool = [
+            full(0, bs),
+            sliding(1, rng.randint(2, 6 * ct), bs),
+            sliding(2, rng.randint(2 * ct, 8 * ct), bs),
+            chunked(3, bs * rng.randint(1, 12), bs),
+            G.GroupPlan(4, G.STATE, bs, offload=False, reason="state"),
+        ]
+        groups = tuple(g for g in pool if rng.random() < 0.6) or (full(0, bs),)
+        plan = G.Plan(groups, ct)
+        for c in range(12):
+            expected = [(g, *r) for g in plan.offloaded if (r := g.stored_range(c, ct)) is not None]
+            assert list(plan.chunk_groups(c)) == expected
+        assert plan.varies_by_chunk == any(g.kind == G.CHUNKED for g in plan.offloaded)
+        for _ in range(20):
+            local = rng.randint(0, 6 * ct // bs) * bs
+            end = local + rng.randint(1, 4 * ct // bs) * bs
+            assert plan.servable(local, end) == _servable_by_blocks(plan, local, end), (plan, local, end)

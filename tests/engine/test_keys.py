@@ -127,3 +127,14 @@ def test_lookup_keys_are_chunk_major_over_ranks() -> None:
         K.chunk_key(ns, hashes[1], 0),
         K.chunk_key(ns, hashes[1], 1),
     ]
+
+
+def test_a_keyer_makes_the_same_keys_as_chunk_key() -> None:
+    """The workers and plan_keys make keys through chunk_keyer (one hash prefix, copied per
+    key): any difference from chunk_key would make every lookup of a stored prompt miss."""
+    ns, hashes = b"n" * 16, [bytes([i]) * 32 for i in range(5)]
+    for rank, group in ((0, b""), (3, b""), (1, b"g" * 8)):
+        make = K.chunk_keyer(ns, rank, group)
+        assert [make(h) for h in hashes] == [K.chunk_key(ns, h, rank, group) for h in hashes]
+        assert make(memoryview(hashes[0])) == K.chunk_key(ns, hashes[0], rank, group)
+    assert K.chunk_keyer(ns, 0, b"g" * 8)(hashes[0]) != K.chunk_keyer(ns)(hashes[0])

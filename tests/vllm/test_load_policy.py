@@ -140,10 +140,11 @@ def test_auto_recomputes_a_slow_disk_hit_and_prewarms_it(runs: dict[str, EngineR
     assert c["load_skipped_slower_tokens_disk"] == HIT
     assert c["prewarm_chunks"] == 3 and c["prewarm_errors"] == 0
     assert c["load_chunks"] == 0
-    # the daemon shows the same counters for the scheduler (REPORT)
+    # the daemon shows the same counters for the scheduler (REPORT), with the time its hooks took
     clients = runs["auto"]["stats"]["stats"]["clients"]
     sched = next(cl for cl in clients if cl.get("role") == "vllm-scheduler")
     assert sched["counters"]["load_skipped_slower_tokens_disk"] == HIT
+    assert 0 < sched["counters"]["sched_us"] <= c["sched_us"]
     assert sched["counters"]["load_policy_auto"] == 1
 
 

@@ -37,6 +37,7 @@ import bisect
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 FULL = "full"
@@ -200,9 +201,31 @@ class Plan:
         """More than one group: chunk keys carry the group (single-group keys stay as they were)."""
         return len(self.groups) > 1
 
-    @property
+    @cached_property
     def offloaded(self) -> tuple[GroupPlan, ...]:
         return tuple(g for g in self.groups if g.offload)
+
+    # The scheduler asks these once per chunk of every request (512 chunks at 16k tokens of an
+    # 8B model): a plan is frozen, so what does not depend on the chunk is worked out once.
+    @property
+    def varies_by_chunk(self) -> bool:
+        """What a chunk stores differs from chunk to chunk (a chunked-local attention group)."""
+        return self._same_every_chunk is None
+
+    @cached_property
+    def _same_every_chunk(self) -> tuple[tuple[GroupPlan, int, int], ...] | None:
+        """:meth:`chunk_groups` of any chunk, when it is the same for all (no chunked-local group)."""
+        if any(g.kind == CHUNKED for g in self.offloaded):
+            return None
+        return tuple(self._chunk_groups(0))
+
+    @cached_property
+    def _whole_chunks_only(self) -> bool:
+        """Every chunk stores every block of every offloaded group: any hit is servable."""
+        same = self._same_every_chunk
+        return same is not None and all(
+            first == 0 and stop == g.blocks_per_chunk(self.chunk_tokens) for g, first, stop in same
+        )
 
     @property
     def group_ids(self) -> tuple[int, ...]:
@@ -218,8 +241,12 @@ class Plan:
         text = f"g{g.index}:{g.kind}:{g.block_size}:{g.window}:{g.attention_chunk}:{g.extra_tokens}:{len(self.groups)}"
         return hashlib.blake2b(text.encode(), digest_size=8).digest()
 
-    def chunk_groups(self, chunk: int) -> list[tuple[GroupPlan, int, int]]:
+    def chunk_groups(self, chunk: int) -> Sequence[tuple[GroupPlan, int, int]]:
         """``(group, first, stop)`` for every group chunk ``chunk`` stores, in group order."""
+        same = self._same_every_chunk
+        return same if same is not None else self._chunk_groups(chunk)
+
+    def _chunk_groups(self, chunk: int) -> list[tuple[GroupPlan, int, int]]:
         out = []
         for g in self.offloaded:
             rng = g.stored_range(chunk, self.chunk_tokens)
@@ -230,6 +257,8 @@ class Plan:
     def servable(self, local: int, end: int) -> bool:
         """True when every group's blocks of a hit from ``local`` to ``end`` lie inside what the
         chunks store (always true at a chunk boundary)."""
+        if self._whole_chunks_only:
+            return True
         ct = self.chunk_tokens
         for g in self.offloaded:
             first, stop = g.needed_blocks(local, end)
@@ -293,16 +322,18 @@ def plan_keys(
 ) -> tuple[list[bytes], list[int]]:
     """Keys for one LOOKUP of every rank's share of every group of every chunk, chunk-major,
     and how many keys each chunk has (LOOKUP counts present keys up to the first miss)."""
-    from infera.engine.vllm.keys import chunk_key
+    from infera.engine.vllm.keys import chunk_keyer
 
     keys: list[bytes] = []
     per_chunk: list[int] = []
-    tags = {g.index: plan.tag(g.index) for g in plan.groups}
+    makers = {
+        g.index: [chunk_keyer(ns_digest, r, plan.tag(g.index)) for r in range(ranks)] for g in plan.groups
+    }
     for c, h in enumerate(hashes):
         n = 0
         for g, _first, _stop in plan.chunk_groups(c):
-            for r in range(ranks):
-                keys.append(chunk_key(ns_digest, h, r, tags[g.index]))
+            for make in makers[g.index]:
+                keys.append(make(h))
                 n += 1
         per_chunk.append(n)
     return keys, per_chunk

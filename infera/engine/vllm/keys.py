@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -137,6 +138,24 @@ def chunk_key(ns_digest: bytes, chunk_hash: bytes, rank: int = 0, group: bytes =
     return h.digest()
 
 
+def chunk_keyer(ns_digest: bytes, rank: int = 0, group: bytes = b"") -> Callable[[bytes], bytes]:
+    """:func:`chunk_key` of one namespace, rank and group for many chunk hashes: the hash state
+    of the common prefix is made once and copied per key (same bytes hashed, same keys)."""
+    head = hashlib.blake2b(digest_size=KEY_BYTES)
+    head.update(ns_digest)
+    head.update(rank.to_bytes(4, "big"))
+    tail = b"\x00group" + group if group else b""
+
+    def key(chunk_hash: bytes) -> bytes:
+        h = head.copy()
+        h.update(bytes(chunk_hash))
+        if tail:
+            h.update(tail)
+        return h.digest()
+
+    return key
+
+
 def chunk_hashes(
     block_hashes: list[bytes], chunk_tokens: int, hash_block_size: int, max_tokens: int
 ) -> list[bytes]:
@@ -160,6 +179,7 @@ __all__ = [
     "auto_chunk_tokens",
     "chunk_hashes",
     "chunk_key",
+    "chunk_keyer",
     "hash_seed_mode",
     "hash_settings_of",
     "make_namespace",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -308,22 +309,35 @@ class InferaKvdConnector(KVConnectorBase_V1, SupportsHMA):
                 link.close()
 
     # -- scheduler side ----------------------------------------------------------------------
+    # Each scheduler hook runs on vLLM's scheduling thread, ahead of every request's step: its
+    # wall time is added up in ``sched_us`` (the bench splits it per request).
+    def _sched_time(self, started: float) -> None:
+        self._scheduler.counters["sched_us"] += int((time.perf_counter() - started) * 1e6)
+
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        started = time.perf_counter()
         try:
             return self._scheduler.matched_tokens(request, num_computed_tokens)
         except Exception:
             log.exception("infera-kvd: lookup failed; treating the request as a miss")
             return 0, False
+        finally:
+            self._sched_time(started)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        started = time.perf_counter()
         try:
             self._scheduler.after_alloc(request, blocks, num_external_tokens)
         except Exception:
             log.exception("infera-kvd: could not plan a load; those tokens will be recomputed")
             self._scheduler.poison_load(request, blocks, num_external_tokens)
+        finally:
+            self._sched_time(started)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        started = time.perf_counter()
         meta: KVConnectorMetadata = self._scheduler.build_meta(scheduler_output)
+        self._sched_time(started)
         return meta
 
     def update_connector_output(self, connector_output: Any) -> None:

@@ -241,14 +241,14 @@ def choose_load(
     # noisy bucket cut a RAM hit in two (H200 run H: a 4k hit recomputed 2,064 tokens and took
     # 1.7x the full load), which also moves the split point of the prompt for no gain.
     per_token = model.token_seconds(end - start)
-    counts: dict[str, int] = {}
+    # load_seconds of the growing prefix, added up chunk by chunk (a 16k hit has 512 chunks)
+    per_chunk = {t: model.load_seconds({t: 1}) - model.load_fixed_s for t in TIERS}
+    load_s = model.load_fixed_s
     best_end, best_gain = start, 0.0
     full_load = 0.0
     for c in range(first, last):
-        t = tier(c)
-        counts[t] = counts.get(t, 0) + 1
+        load_s += per_chunk[tier(c)]
         stop = min(end, (c + 1) * ct)
-        load_s = model.load_seconds(counts)
         gain = (stop - start) * per_token - load_s - (MIN_GAIN_S + MIN_GAIN_SHARE * load_s)
         full_load = load_s
         if gain > best_gain:

@@ -27,6 +27,8 @@ def plan_saves(
         return []
     ct = chunk_tokens
     done = min(len(st.hashes), computed_tokens // ct)
+    # chunks the daemon already had are not saved again: go straight past them
+    st.next_save = max(st.next_save, min(st.found, done))
     jobs: list[ChunkJob] = []
     while st.next_save < done:
         c = st.next_save
@@ -42,7 +44,7 @@ def plan_saves(
                 counters["save_skipped_outside_window"] += 1
                 break
             chunk.append(ChunkJob(st.hashes[c], ids, group=g.index))
-        if c >= st.found and chunk:
+        if chunk:
             jobs += chunk
             if events is not None and st.request is not None:
                 events.saved(st.request, c, st.hashes[c])

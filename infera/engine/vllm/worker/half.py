@@ -26,6 +26,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,7 +34,7 @@ import torch
 from infera.engine.vllm import formats, groups
 from infera.engine.vllm.config import ConnectorEnv
 from infera.engine.vllm.groups import Plan
-from infera.engine.vllm.keys import Namespace, chunk_key
+from infera.engine.vllm.keys import Namespace, chunk_keyer
 from infera.engine.vllm.link import DaemonLink
 from infera.engine.vllm.metadata import ChunkJob, InferaKvdMetadata, RequestJob
 from infera.engine.vllm.worker.gpu import gpudirect
@@ -82,6 +83,7 @@ class WorkerHalf(LoadMixin, GpuWorkerMixin, GpuSaveMixin):
         # how a failed load reaches vLLM (see scheduler.half: FAIL_BLOCKS / _REQUESTS / _NONE)
         self.failure = failure if self.plan.hybrid else "blocks"
         self.tags = {g.index: self.plan.tag(g.index) for g in self.plan.groups}
+        self._keyers: dict[tuple[bytes, int, int], Callable[[bytes], bytes]] = {}
         self.layout: KVLayout | None = None  # group 0's (the only one of a single-group engine)
         # per offloaded group: its layout, or None where this rank has no layers of it
         self.layouts: dict[int, KVLayout | None] = {}
@@ -199,7 +201,12 @@ class WorkerHalf(LoadMixin, GpuWorkerMixin, GpuSaveMixin):
         return total
 
     def key(self, ch: ChunkJob) -> bytes:
-        return chunk_key(self.ns.digest, ch.chunk_hash, self.key_rank, self.tags.get(ch.group, b""))
+        # one hash-state prefix per namespace, rank and group (a 16k hit asks for 512 keys)
+        at = (self.ns.digest, self.key_rank, ch.group)
+        make = self._keyers.get(at)
+        if make is None:
+            make = self._keyers[at] = chunk_keyer(*at[:2], self.tags.get(ch.group, b""))
+        return make(ch.chunk_hash)
 
     def _device(self) -> Any:
         """The KV's GPU as the current device: the link's watcher thread runs the hooks below
