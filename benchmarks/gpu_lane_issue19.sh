@@ -13,7 +13,8 @@
 #   short   the sweep's 512 and 1,024 lengths, auto, layer-wise           (~180 s)
 #   sweep   the whole sweep, 512 .. 16k, and the 16k + 1k partial hit, auto, layer-wise, 2 repeats (~220 s)
 #   graphs  16k + 1k partial, auto, layer-wise, without enforce_eager     (~400 s, compiles)
-# Results land under $OUT/<stage>/ (results.json, engine and daemon logs); a stage's per-hit split
+# Results land under $OUT/<stage>/ (results.json, the plot) and $OUT/<stage>-logs.tgz (engine and
+# daemon logs, records.jsonl); a stage's per-hit split
 # (vLLM's queue/step times, the worker's LEASE/load/DMA times, the busiest threads) prints with
 #   python3 benchmarks/gpu_e2e_hits.py $OUT/<stage>/results.json
 T0=$(date +%s)
@@ -30,6 +31,9 @@ e2e() {  # stage, estimate, gpu-e2e arguments...
   echo "$stage rc=$?"; grep -v '^\s*$' "$OUT/$stage.txt" | tail -24
   [ -f "$OUT/$stage/results.json" ] && python3 benchmarks/gpu_e2e_hits.py "$OUT/$stage/results.json" --kvd | tail -40
   grep -o "infera-kvd: a [0-9]*-chunk load[^\"]*" "$OUT/$stage.txt" | sort | uniq -c | head -8  # steps loaded whole
+  grep -o "infera-kvd: \(recomputing a\|loading a\)[^\"]*" "$OUT/$stage.txt" | sort | uniq -c | head -8  # policy lines
+  # the run hands back only so many files: the logs go into one archive per stage
+  (cd "$OUT/$stage" 2>/dev/null && tar czf "../$stage-logs.tgz" ./*.log records.jsonl 2>/dev/null && rm -f ./*.log records.jsonl)
   stamp "$stage"
 }
 for stage in "$@"; do

@@ -223,6 +223,7 @@ def test_worker_timings_reach_the_cost_model() -> None:
     t.chunk_bytes = CHUNK
     t.step_started(2048)
     t.step_ended()
+    t.load_done(4, 0, 0.5)  # the process's first load: not a sample
     t.load_done(4, 1, 0.02)
     a = t.take()
     assert a is not None and t.take() is None  # taken once
@@ -235,6 +236,49 @@ def test_worker_timings_reach_the_cost_model() -> None:
     assert costs.chunk_bytes == CHUNK
     assert counters["timing_load_samples"] == 2 and counters["timing_step_samples"] == 1
     assert costs.samples["disk"] == 2 and costs.samples["prefill"] == 1
+    assert a.loads[0] == (4, 1, 0.02) and t.counters["timing_first_load_dropped"] == 1
+
+
+def test_a_slow_early_ram_estimate_is_probed_not_trusted() -> None:
+    """A RAM rate from a slow first sample would make auto recompute every RAM hit, and a hit
+    that is recomputed is never timed. While the rate rests on fewer than PROBE_SAMPLES loads,
+    a RAM hit judged slower, but within PROBE_MAX_RATIO of recompute, is loaded to time it."""
+    from infera.engine.vllm.scheduler import policy as P
+
+    counters: dict[str, int] = {}
+    costs = model(ram=2.0)  # 8 chunks at 2 GB/s ~ 17 ms, against ~8.7 ms to recompute 256 tokens
+    costs.prefill_tps = 30_000.0
+    auto = LoadPolicy("auto", costs, counters)
+    first = choose_load("auto", 0, 8 * CT, CT, ["ram"] * 8, costs)
+    assert first.load_end == 0 and first.load_s <= P.PROBE_MAX_RATIO * first.recompute_s
+    for i in range(P.PROBE_SAMPLES):
+        assert auto.cut(0, 8 * CT, CT, set(), "disk").load_end == 8 * CT
+        assert counters["load_probe_requests"] == i + 1
+    assert auto.cut(0, 8 * CT, CT, set(), "disk").load_end == 0  # probes are bounded
+    assert counters["load_skipped_slower_tokens_ram"] == 8 * CT
+    # measured: no probe, and none where a wrong guess would cost more than the ratio
+    counters.clear()
+    measured = model(ram=2.0)
+    measured.samples["ram"] = P.PROBE_SAMPLES
+    assert LoadPolicy("auto", measured, counters).cut(0, 8 * CT, CT, set(), "disk").load_end == 0
+    slow = LoadPolicy("auto", model(ram=0.5), counters)
+    assert slow.cut(0, 8 * CT, CT, set(), "disk").load_end == 0
+    assert slow.cut(0, 8 * CT, CT, {0, 1}, "disk").skipped.get("disk")  # long tiers: never probed
+    assert counters["load_probe_requests"] == 0
+
+
+def test_a_new_daemon_forgets_what_its_long_tier_read_like() -> None:
+    counters: dict[str, int] = {}
+    costs = model()
+    costs.observe_tier_rate("disk", 20.0)  # page-cached reads, before the restart
+    policy = LoadPolicy("auto", costs, counters)
+    fast = choose_load("auto", 0, 16 * CT, CT, ["disk"] * 16, costs)
+    policy.forget_long_rates()
+    assert costs.long_chunk_s == {} and counters["timing_long_rates_reset"] == 1
+    cold = choose_load("auto", 0, 16 * CT, CT, ["disk"] * 16, costs)
+    assert cold.load_s > 5 * fast.load_s  # back to the 1.5 GB/s warm-up default
+    policy.forget_long_rates()
+    assert counters["timing_long_rates_reset"] == 1  # nothing learned since: nothing to reset
 
 
 def test_timed_steps_add_to_the_workers_counters() -> None:

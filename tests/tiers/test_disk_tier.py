@@ -229,11 +229,12 @@ def test_a_write_under_way_when_the_disk_filled_is_no_recovery(
 def test_long_bytes_holds_after_restart(start_daemon: Callable[..., Daemon], root: Path) -> None:
     d = disk_daemon(start_daemon, root, "64M", "16M")
     with d.client(namespace=NS) as c:
-        put_chunks(c, 10, 1 << 20)
+        order = list(put_chunks(c, 10, 1 << 20))
         s = wait_written(c, 10)
         assert s["bytes_used"] == 10 * (cf.HEADER_SIZE + (1 << 20))
     d.stop()
     mtime = {bytes.fromhex(p.name.removesuffix(".kvcache")): p.stat().st_mtime_ns for p in chunk_files(root)}
+    assert set(mtime) == set(order)
     d.args = ["--max-bytes", "64M", "--long-path", str(root), "--long-bytes", "4M"]
     d.start()
     with d.client(namespace=NS) as c:
@@ -243,8 +244,10 @@ def test_long_bytes_holds_after_restart(start_daemon: Callable[..., Daemon], roo
         assert sum(p.stat().st_size for p in chunk_files(root)) == s["bytes_used"]
         kept = {k for k in mtime if c.lookup([k])}
         assert len(kept) == 3
-        # least recently used files went first
-        assert min(mtime[k] for k in kept) >= max(mtime[k] for k in mtime if k not in kept)
+        # least recently used files went first. The writer lanes write files side by side, so the
+        # order they were indexed (and their mtimes) can swap neighbours (a clean-clone run saw two
+        # mtimes 4 us apart the other way round): the kept ones are among the last few put.
+        assert kept <= set(order[-5:]), [order.index(k) for k in kept]
 
 
 def test_chunk_hot_in_ram_keeps_its_file(start_daemon: Callable[..., Daemon], root: Path) -> None:

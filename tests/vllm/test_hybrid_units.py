@@ -408,3 +408,18 @@ def test_gpu_e2e_gemma3_rows_build_and_keep_the_hybrid_manager_on(tmp_path: Path
         config = args.create_engine_config()
         assert not config.scheduler_config.disable_hybrid_kv_cache_manager, ktc["kv_connector"]
         assert config.model_config.hf_text_config.sliding_window == 1024
+
+
+def test_a_daemon_restart_makes_the_policy_forget_its_long_tier_rates() -> None:
+    """The link's connection count moves when the daemon restarts: the long tier's learned
+    read rate (a warm page cache before the restart, say) goes back to the warm-up default."""
+    half, _client = scheduler()
+    link = half.link
+    link.counters["connects"] = 1
+    half.policy.costs.long_chunk_s["disk"] = 1e-4
+    half.matched_tokens(request(4 * CT), 0)
+    assert half.policy.costs.long_chunk_s == {"disk": 1e-4}  # the first connection: kept
+    link.counters["connects"] = 2
+    half.matched_tokens(request(4 * CT, "r2"), 0)
+    assert half.policy.costs.long_chunk_s == {}
+    assert half.counters["timing_long_rates_reset"] == 1

@@ -115,6 +115,7 @@ class SchedulerHalf:
             0,
         )
         self._last_report = 0.0
+        self._connects = 0  # the link's connections at the last lookup (a new one: a new daemon)
         self.report_every_s = report_every_s  # INFERA_KVD_REPORT_EVERY_S
         # what the connector's kv_role lets it do: kv_producer loads no hits, kv_consumer saves nothing
         self.loads = loads
@@ -346,6 +347,11 @@ class SchedulerHalf:
             self.counters["lookup_errors"] += 1
             return 0, set()
         self.long_kind = LONG_TIER_KIND.get(long_tier, "disk")
+        connects = self.link.counters.get("connects", 0)
+        if connects != self._connects:
+            if self._connects:  # not the first connection: a daemon restart
+                self.policy.forget_long_rates()
+            self._connects = connects
         return found, long_chunks
 
     def _plan_saves(self, req_id: str, st: ReqState, computed_tokens: int, meta: InferaKvdMetadata) -> None:

@@ -30,7 +30,15 @@ COUNTERS = (
     "timing_load_samples",
     "timing_step_samples",
     "timing_tier_rate_samples",
+    "timing_long_rates_reset",
+    "load_probe_requests",
 )
+
+# RAM hits judged slower than recompute are loaded anyway (to time them) while the RAM rate rests
+# on fewer loads than this, at most this many times per engine, and only when the estimate is
+# within PROBE_MAX_RATIO of the recompute estimate (what a wrong guess can cost).
+PROBE_SAMPLES = 3
+PROBE_MAX_RATIO = 2.0
 
 
 class LoadPolicy:
@@ -45,6 +53,7 @@ class LoadPolicy:
         for name in COUNTERS:
             counters.setdefault(name, 0)
         self._logged_slower: set[str] = set()
+        self._probes = 0
 
     def cut(
         self, start: int, end: int, chunk_tokens: int, long_chunks: set[int], long_kind: str
@@ -56,6 +65,8 @@ class LoadPolicy:
             tiers[c] = long_kind if c in long_chunks else "ram"
         choice = choose_load(self.policy, start, end, chunk_tokens, tiers, self.costs)
         self.counters[R.CHECKS] += 1
+        if self._probe(choice, start, end):
+            return LoadChoice(load_end=end, load_s=choice.load_s, recompute_s=choice.recompute_s)
         skipped = sum(choice.skipped.values())
         if not skipped:
             return choice
@@ -80,6 +91,40 @@ class LoadPolicy:
                     tier,
                 )
         return choice
+
+    def _probe(self, choice: LoadChoice, start: int, end: int) -> bool:
+        """Load a RAM hit judged slower anyway, while the RAM rate rests on fewer than
+        :data:`PROBE_SAMPLES` loads and the estimate is within :data:`PROBE_MAX_RATIO` of recompute.
+        A RAM hit that is recomputed is never timed, so one bad early sample would otherwise
+        decide every later hit (H100 run M: a slow first load made auto recompute 8k-token RAM
+        hits that load in 20 ms). Each probe is counted (``load_probe_requests``)."""
+        if choice.reason != "slower" or set(choice.skipped) != {"ram"} or choice.load_end >= end:
+            return False
+        if self.costs.samples.get("ram", 0) >= PROBE_SAMPLES or self._probes >= PROBE_SAMPLES:
+            return False
+        if choice.load_s > PROBE_MAX_RATIO * choice.recompute_s:
+            return False
+        self._probes += 1
+        self.counters["load_probe_requests"] += 1
+        log.info(
+            "infera-kvd: loading a %d-token RAM hit to time it (probe %d of at most %d: the RAM rate "
+            "has %d samples; estimate %.1f ms against %.1f ms to recompute)",
+            end - start,
+            self._probes,
+            PROBE_SAMPLES,
+            self.costs.samples.get("ram", 0),
+            1000 * choice.load_s,
+            1000 * choice.recompute_s,
+        )
+        return True
+
+    def forget_long_rates(self) -> None:
+        """A new daemon process (the link reconnected): what its long tier read like before (a
+        warm page cache, say) says nothing about it now. Back to the warm-up defaults, until its
+        reads are timed again."""
+        if self.costs.long_chunk_s:
+            self.costs.long_chunk_s.clear()
+            self.counters["timing_long_rates_reset"] += 1
 
     def prewarm(
         self, link: Any, keys: list[bytes], per_chunk: list[int], chunks: list[int], long_kind: str

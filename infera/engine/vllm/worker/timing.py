@@ -67,11 +67,19 @@ class Timings:
         self._pending: list[tuple[int, Any, Any]] = []  # (tokens, start event, end event)
         self._step: tuple[int, float, Any] | None = None  # (tokens, wall start, start event)
         self.chunk_bytes = 0
+        self._first_load_seen = False
 
     def load_done(self, chunks: int, long_chunks: int, seconds: float) -> None:
         if chunks <= 0:
             return
         with self._lock:
+            # A process's first load pays what no later one does (the copy path's first launches
+            # and mappings): H100 run M costed RAM loads from it at 7 GB/s, and auto then
+            # recomputed every RAM hit up to 8k tokens. It is not a sample.
+            if not self._first_load_seen:
+                self._first_load_seen = True
+                self.counters["timing_first_load_dropped"] = 1
+                return
             if len(self.loads) < MAX_SAMPLES:
                 self.loads.append((chunks, long_chunks, seconds))
 
