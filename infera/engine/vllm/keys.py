@@ -128,19 +128,14 @@ def chunk_key(ns_digest: bytes, chunk_hash: bytes, rank: int = 0, group: bytes =
     """The daemon key of one rank's shard of one chunk; ``group`` is the KV cache group's tag
     (:meth:`infera.engine.vllm.groups.Plan.tag`; empty for single-group engines, whose keys
     are the same as before groups existed)."""
-    h = hashlib.blake2b(digest_size=KEY_BYTES)
-    h.update(ns_digest)
-    h.update(rank.to_bytes(4, "big"))
-    h.update(bytes(chunk_hash))
-    if group:
-        h.update(b"\x00group")
-        h.update(group)
-    return h.digest()
+    return chunk_keyer(ns_digest, rank, group)(chunk_hash)
 
 
 def chunk_keyer(ns_digest: bytes, rank: int = 0, group: bytes = b"") -> Callable[[bytes], bytes]:
     """:func:`chunk_key` of one namespace, rank and group for many chunk hashes: the hash state
-    of the common prefix is made once and copied per key (same bytes hashed, same keys)."""
+    of the common prefix is made once and copied per key. The key layout is written here only:
+    blake2b over the namespace digest, the rank (4 bytes, big-endian), the chunk hash and, for a
+    hybrid engine, ``\\x00group`` and the group's tag."""
     head = hashlib.blake2b(digest_size=KEY_BYTES)
     head.update(ns_digest)
     head.update(rank.to_bytes(4, "big"))
