@@ -127,19 +127,73 @@ def test_a_load_faster_than_the_fixed_cost_is_never_an_absurd_rate() -> None:
     assert m.ram_per_chunk() >= m.min_chunk_s() and m.long_per_chunk("disk") >= m.min_chunk_s()
 
 
-def test_recompute_is_the_marginal_cost_of_tokens_by_step_size() -> None:
+def test_recompute_is_what_the_step_saves_by_step_size() -> None:
     m = model(prefill=1000.0)
-    assert m.recompute_seconds(1000) == pytest.approx(1.0)  # the default
+    assert m.saved_seconds(1001, 1) == pytest.approx(1.0)  # the warm-up rate
     for _ in range(30):
         m.observe_step(1, 10e-3)  # decode: the fixed cost of a step
-        m.observe_step(1024, 10e-3 + 1024 * 5e-6)  # 5 us per token at 1k
-        m.observe_step(8192, 10e-3 + 8192 * 20e-6)  # 20 us per token at 8k
-    assert m.token_seconds(1000) == pytest.approx(5e-6, rel=0.01)
-    assert m.token_seconds(16_384) == pytest.approx(20e-6, rel=0.01)  # beyond: the largest bucket
-    # so a 1k RAM hit whose load costs 8 ms is recomputed (5 ms), a 8k one is loaded
+        m.observe_step(1024, 10e-3 + 1024 * 5e-6)  # 5 us per token up to 1k
+        m.observe_step(8192, 10e-3 + 8192 * 20e-6)  # then steeper (attention)
+    assert m.step_seconds(1) == pytest.approx(10e-3, rel=0.01)
+    assert m.step_seconds(1024) == pytest.approx(15.12e-3, rel=0.01)
+    assert m.saved_seconds(1025, 1) == pytest.approx(5.12e-3, rel=0.01)
+    mid = m.step_seconds(4608)  # linear between the measured steps
+    assert mid == pytest.approx((m.step_seconds(1024) + m.step_seconds(8192)) / 2, rel=0.01)
+    # beyond the largest step: its last segment's slope
+    slope = (m.step_seconds(8192) - m.step_seconds(1024)) / (8192 - 1024)
+    assert m.step_seconds(16_384) == pytest.approx(m.step_seconds(8192) + 8192 * slope, rel=0.01)
+    # so a 1k RAM hit whose load costs 8 ms is recomputed (5 ms saved), an 8k one is loaded
     m.ram_chunk_s, m.load_fixed_s = 2e-3, 0.0
-    assert choose_load("auto", 0, 1024, CT, ["ram"] * 4, m).load_end == 0
-    assert choose_load("auto", 0, 8192, CT, ["ram"] * 32, m).load_end == 8192
+    assert choose_load("auto", 0, 1024, CT, ["ram"] * 4, m, 1025).load_end == 0
+    assert choose_load("auto", 0, 8192, CT, ["ram"] * 32, m, 8193).load_end == 8192
+    assert m.summary()["prefill_rate_tps"] == pytest.approx(8192 / (8192 * 20e-6), rel=0.01)
+
+
+def test_the_rest_of_the_prompt_is_computed_either_way() -> None:
+    """A hit of 2k tokens before 6k new ones saves T(8k) - T(6k), not T(2k) - T(decode): the
+    steeper part of the curve."""
+    m = model()
+    for n, sec in ((1, 10e-3), (2048, 30e-3), (6144, 110e-3), (8192, 170e-3)):
+        m.observe_step(n, sec)
+    alone = choose_load("auto", 0, 2048, CT, ["ram"] * 8, m, 2049)
+    before_more = choose_load("auto", 0, 2048, CT, ["ram"] * 8, m, 8192)
+    assert alone.recompute_s == pytest.approx(20e-3, rel=0.02)
+    assert before_more.recompute_s == pytest.approx(60e-3, rel=0.02)
+
+
+def test_a_launch_bound_engine_recomputes_short_hits() -> None:
+    """H100 run N's steps (eager 8B, a slow host): a 1k-token step took no longer than a decode
+    step, so a 1k hit saves nothing; a 2k step took 20 ms more, so a 2k hit is worth its ~6 ms
+    load. The per-token model loaded the 1k hit (1.17x recompute) and recomputed the 2k one."""
+    m = model(ram=43.0)
+    m.chunk_bytes, m.load_fixed_s = 4 * MIB, 0.3e-3  # 32-token chunks of 4 MiB
+    for _ in range(3):
+        for n, ms in ((16, 27.0), (512, 26.0), (1024, 25.3), (2048, 48.0), (4096, 98.0), (8192, 206.0)):
+            m.observe_step(n, ms / 1e3)
+    assert m.step_seconds(1024) == pytest.approx(27e-3, rel=0.01), "T(n) never decreases"
+    one_k = choose_load("auto", 0, 1008, 32, ["ram"] * 32, m, 1024)
+    assert one_k.load_end == 0 and one_k.recompute_s == pytest.approx(0.0, abs=0.5e-3)
+    two_k = choose_load("auto", 0, 2032, 32, ["ram"] * 64, m, 2048)
+    assert two_k.load_end == 2032 and two_k.recompute_s > 2 * two_k.load_s
+
+
+def test_a_hit_not_worth_a_ram_load_is_not_promoted() -> None:
+    """A disk hit judged slower is promoted only when the same hit would be loaded from RAM:
+    a short hit on a launch-bound engine would be recomputed from RAM too, and a PREWARM is a
+    round trip on the scheduler's thread."""
+    m = model()
+    for n, sec in ((1, 27e-3), (1024, 27e-3), (16_384, 470e-3)):
+        m.observe_step(n, sec)
+    short = choose_load("auto", 0, 4 * CT, CT, ["disk"] * 4, m, 4 * CT + 1)
+    assert short.load_end == 0 and short.prewarm == [] and short.unpromoted == 4
+    assert short.skipped == {"disk": 4 * CT}
+    long = choose_load("auto", 0, 64 * CT, CT, ["disk"] * 64, m, 64 * CT + 1)
+    assert long.load_end == 0 and long.prewarm == list(range(64)) and long.unpromoted == 0
+    counters: dict[str, int] = {}
+    policy = LoadPolicy("auto", m, counters)
+    assert policy.cut(0, 4 * CT, CT, {0, 1, 2, 3}, "disk", 4 * CT + 1).prewarm == []
+    assert counters["prewarm_not_worth_chunks"] == 4
+    assert counters["load_skipped_slower_tokens_disk"] == 4 * CT
 
 
 def test_a_hit_that_saves_less_than_the_margin_is_recomputed() -> None:
@@ -150,26 +204,30 @@ def test_a_hit_that_saves_less_than_the_margin_is_recomputed() -> None:
     m.ram_chunk_s, m.load_fixed_s = 0.6e-3, 0.3e-3  # 2 chunks: 1.5 ms of load
     load_s = 0.3e-3 + 2 * 0.6e-3
     need = load_s + MIN_GAIN_S + MIN_GAIN_SHARE * load_s
-    m.token_s = {9: need / 512 * 0.95}  # saves 0.95 of (load + margin): faster, but not by enough
-    got = choose_load("auto", 0, 512, CT, ["ram"] * 2, m)
+    m.step_base_s = 10e-3
+    m.step_s = {9: (513.0, 10e-3 + need * 0.95)}  # saves 0.95 of (load + margin): not by enough
+    got = choose_load("auto", 0, 512, CT, ["ram"] * 2, m, 513)
     assert got.load_end == 0 and got.reason == "slower" and got.skipped == {"ram": 512}
     assert got.recompute_s > got.load_s, "a load this close is faster on paper"
-    m.token_s = {9: need / 512 * 1.05}
-    got = choose_load("auto", 0, 512, CT, ["ram"] * 2, m)
+    m.step_s = {9: (513.0, 10e-3 + need * 1.05)}
+    got = choose_load("auto", 0, 512, CT, ["ram"] * 2, m, 513)
     assert got.load_end == 512 and got.reason == ""
 
 
 def test_a_ram_hit_is_not_cut_in_two_by_a_noisy_bucket() -> None:
     """Each prefix priced at its own bucket's rate: 2k tokens at 40 us (a noisy early step) was
-    worth more than 4k at 12 us, so a 4k RAM hit recomputed its second half (run H on the H200)."""
+    worth more than 4k at 12 us, so a 4k RAM hit recomputed its second half (run H on the H200).
+    A noisy step longer than a bigger one does not make T(n) fall either."""
     m = model()
-    m.token_s = {11: 40e-6, 12: 12e-6}
-    m.ram_chunk_s, m.load_fixed_s = 1.5e-3, 0.0  # 16 chunks: 24 ms of load for 49 ms of prefill
-    got = choose_load("auto", 0, 4096, CT, ["ram"] * 16, m)
+    m.step_base_s = 5e-3
+    m.step_s = {11: (2048.0, 5e-3 + 2048 * 40e-6), 12: (4096.0, 5e-3 + 4096 * 12e-6)}
+    assert m.step_seconds(4096) == pytest.approx(5e-3 + 2048 * 40e-6)
+    m.ram_chunk_s, m.load_fixed_s = 1.5e-3, 0.0  # 16 chunks: 24 ms of load for ~82 ms saved
+    got = choose_load("auto", 0, 4096, CT, ["ram"] * 16, m, 4097)
     assert got.load_end == 4096 and got.skipped == {}
     # a RAM head before a slow disk tail is still loaded alone
     m.long_chunk_s["disk"] = 50e-3
-    got = choose_load("auto", 0, 4096, CT, ["ram"] * 8 + ["disk"] * 8, m)
+    got = choose_load("auto", 0, 4096, CT, ["ram"] * 8 + ["disk"] * 8, m, 4097)
     assert got.load_end == 2048 and got.skipped == {"disk": 2048}
 
 

@@ -160,7 +160,7 @@ class SchedulerHalf:
         if servable < end:
             self.counters["hit_tokens_cut_to_chunk"] += end - servable
         if servable > num_computed_tokens:
-            servable = self._worth_loading(st, num_computed_tokens, servable)
+            servable = self._worth_loading(st, num_computed_tokens, servable, int(request.num_tokens))
         hit = servable - num_computed_tokens
         if hit <= 0:
             return 0, False
@@ -169,10 +169,10 @@ class SchedulerHalf:
             self.counters["async_loads"] += 1
         return hit, self.load_async
 
-    def _worth_loading(self, st: ReqState, start: int, end: int) -> int:
+    def _worth_loading(self, st: ReqState, start: int, end: int, prompt_tokens: int) -> int:
         """Where the load of the hit ``[start, end)`` ends, by the load policy: the rest is
         recomputed, and its long-tier chunks are promoted into RAM for the next request."""
-        choice = self.policy.cut(start, end, self.chunk_tokens, st.long_chunks, self.long_kind)
+        choice = self.policy.cut(start, end, self.chunk_tokens, st.long_chunks, self.long_kind, prompt_tokens)
         if choice.prewarm and self.link is not None:
             keys, per_chunk = groups.plan_keys(self.plan, self.ns.digest, st.hashes, self.ranks)
             self.policy.prewarm(self.link, keys, per_chunk, choice.prewarm, self.long_kind)

@@ -13,12 +13,16 @@ The model has two sides, both learned from measurements with warm-up defaults:
   lowers ``fixed``, and no chunk is costed below :data:`MAX_LOAD_GBPS`), plus
   ``per_long_chunk[tier]`` for every chunk that the daemon first reads from its long tier (disk,
   distributed) during the same LEASE;
-* **recompute time**: what the forward pass spends per prompt token, by prompt length. The
-  workers time every step without loads; ``(seconds - base) / tokens``, where ``base`` is the
-  time of a step of a few tokens (decode), is the marginal cost of a token at that step size,
-  kept per power-of-two bucket of step tokens. Recomputing ``n`` tokens costs ``n`` times the
-  marginal cost of the nearest measured bucket. A token whose KV is loaded still pays the step's
-  fixed cost (the prompt's last token is always computed), so only the marginal cost is saved.
+* **recompute time**: how long the engine's forward steps take by step size. The workers time
+  every step without loads; steps of a few tokens (decode) give the fixed cost of a step, longer
+  ones a point ``(tokens, seconds)`` per power-of-two bucket of step tokens. ``T(n)`` runs through
+  those points (never decreasing, linear between them, and beyond the largest at the steeper of
+  its last segment and the whole range). Loading the hit ``[start, end)`` of a ``P``-token prompt
+  saves ``T(P - start) - T(P - end)``: the step still computes the rest of the prompt and still
+  pays its fixed cost. On a launch-bound eager engine a 1,024-token step takes no longer than a
+  decode step, so a 1k hit saves nothing there and is recomputed (H100 run N: a per-token model
+  with a floor of a tenth of the average step loaded it, at 1.17x recompute, and priced a 2k hit
+  at a third of what it saves, recomputing it at 1.8x a RAM load).
 
 A prefix is loaded only when it is expected to save more than a margin: :data:`MIN_GAIN_S` plus
 :data:`MIN_GAIN_SHARE` of its own expected load time. Both sides are estimates, and where they
@@ -26,11 +30,16 @@ are close the hit saves nothing worth its risk: on an eager 8B engine a 512-toke
 is bound by kernel launches, so its 511 tokens save ~3 ms of GPU time against ~1.5 ms of load,
 and a step-to-step noise of several milliseconds decides which is faster (H100 run K).
 
+A long-tier hit judged slower is promoted into RAM (PREWARM) only where the same hit would be
+loaded from RAM: promoting a hit too short to be worth even a RAM load costs a round trip on the
+scheduler's thread for nothing.
+
 Everything here is pure: no vLLM, no daemon, no clock. Tests inject rates directly.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,7 +65,7 @@ EWMA = 0.25  # weight of a new measurement
 MIN_CHUNK_SHARE = 0.5
 MAX_LOAD_GBPS = 1000.0  # above the memory bandwidth of any one copy
 SMALL_STEP_TOKENS = 16  # steps of at most this many tokens measure the fixed cost of a step
-MIN_PREFILL_STEP = 64  # steps of at least this many tokens measure the cost per token
+MIN_PREFILL_STEP = 64  # steps of at least this many tokens are points of T(n)
 # a load must save at least this much more than recomputing (see the module's docstring)
 MIN_GAIN_S = 1e-3
 MIN_GAIN_SHARE = 0.1
@@ -87,7 +96,8 @@ class CostModel:
     ram_chunk_s: float | None = None
     long_chunk_s: dict[str, float] = field(default_factory=dict)
     step_base_s: float | None = None
-    token_s: dict[int, float] = field(default_factory=dict)  # bucket -> marginal seconds per token
+    # bucket -> (tokens, seconds) of the steps without loads in it, both averaged (EWMA)
+    step_s: dict[int, tuple[float, float]] = field(default_factory=dict)
     samples: dict[str, int] = field(default_factory=dict)  # how many measurements fed each rate
 
     # -- what the model expects --------------------------------------------------------------
@@ -114,17 +124,41 @@ class CostModel:
                 t += n * self.long_per_chunk(tier)
         return t
 
-    def token_seconds(self, tokens: int) -> float:
-        """Marginal forward time of one token in a step of about ``tokens`` tokens."""
-        if not self.token_s:
-            return 1.0 / max(1e-6, self.prefill_tps)
-        want = bucket(tokens)
-        nearest = min(self.token_s, key=lambda b: (abs(b - want), -b))
-        return self.token_s[nearest]
+    def step_points(self) -> list[tuple[float, float]]:
+        """The measured ``(tokens, seconds)`` of steps, fewest tokens first and never decreasing,
+        from the fixed cost of a step (a decode step; before one is timed, the default or half the
+        smallest step, whichever is less). Empty while nothing is measured."""
+        pts = sorted(self.step_s.values())
+        if self.step_base_s is not None:
+            base = self.step_base_s
+        elif pts:
+            base = min(DEFAULT_STEP_BASE_S, pts[0][1] / 2)
+        else:
+            return []
+        out = [(1.0, base)]
+        for tokens, seconds in pts:
+            if tokens > out[-1][0]:
+                out.append((tokens, max(seconds, out[-1][1])))
+        return out
 
-    def recompute_seconds(self, tokens: int) -> float:
-        """Expected forward time saved by not computing ``tokens`` prompt tokens."""
-        return tokens * self.token_seconds(tokens) if tokens > 0 else 0.0
+    def step_seconds(self, tokens: int) -> float:
+        """Expected forward time of a step of ``tokens`` tokens (``T(n)`` of the module's notes)."""
+        pts = self.step_points()
+        if len(pts) < 2:  # no step longer than a decode step measured yet: the warm-up rate
+            base = pts[0][1] if pts else DEFAULT_STEP_BASE_S
+            return base + max(0, tokens) / max(1e-6, self.prefill_tps)
+        if tokens <= pts[0][0]:
+            return pts[0][1]
+        for (t0, s0), (t1, s1) in itertools.pairwise(pts):
+            if tokens <= t1:
+                return s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
+        (tf, sf), (tp, sp), (tl, sl) = pts[0], pts[-2], pts[-1]
+        slope = max((sl - sp) / (tl - tp), (sl - sf) / (tl - tf))
+        return sl + slope * (tokens - tl)
+
+    def saved_seconds(self, computed: int, instead: int) -> float:
+        """Forward time saved when a step computes ``instead`` tokens rather than ``computed``."""
+        return max(0.0, self.step_seconds(computed) - self.step_seconds(instead))
 
     # -- measurements ------------------------------------------------------------------------
     def min_chunk_s(self) -> float:
@@ -172,10 +206,11 @@ class CostModel:
             return
         if tokens < MIN_PREFILL_STEP:
             return
-        base = self.step_base_s if self.step_base_s is not None else min(DEFAULT_STEP_BASE_S, seconds / 2)
-        per = max(seconds - base, seconds * 0.1) / tokens  # never below a tenth of the average
         b = bucket(tokens)
-        self.token_s[b] = _ewma(self.token_s.get(b), per)
+        old = self.step_s.get(b)
+        self.step_s[b] = (
+            (float(tokens), seconds) if old is None else (_ewma(old[0], tokens), _ewma(old[1], seconds))
+        )
         self._count("prefill")
 
     def _count(self, what: str) -> None:
@@ -187,7 +222,8 @@ class CostModel:
         for tier in TIERS:
             per = self.ram_per_chunk() if tier == "ram" else self.long_per_chunk(tier)
             out[f"load_rate_{tier}_mbps"] = round(self.chunk_bytes / max(per, 1e-12) / 1e6, 1)
-        out["prefill_rate_tps"] = round(1.0 / max(self.token_seconds(1 << 13), 1e-12), 1)
+        n = 1 << 13  # the marginal rate of an 8k step: what it costs beyond a decode step
+        out["prefill_rate_tps"] = round(n / max(self.saved_seconds(n + 1, 1), 1e-12), 1)
         return out
 
 
@@ -200,7 +236,10 @@ class LoadChoice:
     ``reason``: ``slower`` (judged slower than recompute, or not faster by the margin) or
     ``policy`` (``never``), or "".
     ``prewarm``: chunk indices held only by a long tier among the skipped ones (promote them).
-    ``load_s`` / ``recompute_s``: the model's estimates for the whole hit (for logs and tests).
+    ``load_s`` / ``recompute_s``: the model's estimates for the whole hit: its load time, and the
+    forward time loading it saves (for logs and tests).
+    ``unpromoted``: long-tier chunks judged slower but not promoted, because the hit would not be
+    worth loading from RAM either.
     """
 
     load_end: int
@@ -209,6 +248,7 @@ class LoadChoice:
     prewarm: list[int] = field(default_factory=list)
     load_s: float = 0.0
     recompute_s: float = 0.0
+    unpromoted: int = 0
 
 
 def choose_load(
@@ -218,8 +258,10 @@ def choose_load(
     chunk_tokens: int,
     chunk_tier: Sequence[str] | Mapping[int, str],
     model: CostModel,
+    prompt_tokens: int = 0,
 ) -> LoadChoice:
-    """How much of the hit ``[start, end)`` to load.
+    """How much of the hit ``[start, end)`` of a ``prompt_tokens``-token prompt to load (0: the
+    prompt ends right after the hit).
 
     ``chunk_tier[c]`` names the tier holding chunk ``c`` (chunks are ``chunk_tokens`` long; the hit
     may start and end inside a chunk). ``always`` loads it all, ``never`` nothing; ``auto`` loads
@@ -236,11 +278,13 @@ def choose_load(
         t = chunk_tier[c]
         return t if t in TIERS else "ram"
 
-    # Every prefix of one hit is priced at the rate of the whole hit: the step that computes what
-    # is not loaded is about as long either way. Pricing a prefix at its own bucket's rate let a
-    # noisy bucket cut a RAM hit in two (H200 run H: a 4k hit recomputed 2,064 tokens and took
-    # 1.7x the full load), which also moves the split point of the prompt for no gain.
-    per_token = model.token_seconds(end - start)
+    # What the whole hit saves, spread evenly over its tokens: every prefix of one hit is priced
+    # at the rate of the whole hit. Pricing a prefix at its own step size's rate let a noisy
+    # bucket cut a RAM hit in two (H200 run H: a 4k hit recomputed 2,064 tokens and took 1.7x the
+    # full load), which also moves the split point of the prompt for no gain.
+    prompt = max(prompt_tokens, end + 1)
+    recompute_s = model.saved_seconds(prompt - start, prompt - end)
+    per_token = recompute_s / (end - start)
     # load_seconds of the growing prefix, added up chunk by chunk (a 16k hit has 512 chunks)
     per_chunk = {t: model.load_seconds({t: 1}) - model.load_fixed_s for t in TIERS}
     load_s = model.load_fixed_s
@@ -253,7 +297,6 @@ def choose_load(
         full_load = load_s
         if gain > best_gain:
             best_end, best_gain = stop, gain
-    recompute_s = (end - start) * per_token
     if policy == "always":
         best_end, reason = end, ""
     elif policy == "never":
@@ -269,4 +312,8 @@ def choose_load(
         out.skipped[t] = out.skipped.get(t, 0) + hi - lo
         if t != "ram" and reason == "slower":
             out.prewarm.append(c)
+    if out.prewarm:  # promote only what would then be loaded: the whole hit, from RAM
+        ram_load = model.load_fixed_s + (last - first) * per_chunk["ram"]
+        if recompute_s - ram_load - (MIN_GAIN_S + MIN_GAIN_SHARE * ram_load) <= 0:
+            out.unpromoted, out.prewarm = len(out.prewarm), []
     return out

@@ -26,6 +26,7 @@ COUNTERS = (
     R.BY_POLICY,
     *(R.SLOWER + t for t in TIERS),
     R.PREWARMED,
+    "prewarm_not_worth_chunks",
     "prewarm_errors",
     "timing_load_samples",
     "timing_step_samples",
@@ -56,15 +57,22 @@ class LoadPolicy:
         self._probes = 0
 
     def cut(
-        self, start: int, end: int, chunk_tokens: int, long_chunks: set[int], long_kind: str
+        self,
+        start: int,
+        end: int,
+        chunk_tokens: int,
+        long_chunks: set[int],
+        long_kind: str,
+        prompt_tokens: int = 0,
     ) -> LoadChoice:
-        """What of the hit ``[start, end)`` to load (chunks in ``long_chunks`` only the long tier
-        holds, as ``long_kind``); counts the decision."""
+        """What of the hit ``[start, end)`` of a ``prompt_tokens``-token prompt to load (chunks in
+        ``long_chunks`` only the long tier holds, as ``long_kind``); counts the decision."""
         tiers: dict[int, str] = {}
         for c in range(start // chunk_tokens, -(-end // chunk_tokens)):
             tiers[c] = long_kind if c in long_chunks else "ram"
-        choice = choose_load(self.policy, start, end, chunk_tokens, tiers, self.costs)
+        choice = choose_load(self.policy, start, end, chunk_tokens, tiers, self.costs, prompt_tokens)
         self.counters[R.CHECKS] += 1
+        self.counters["prewarm_not_worth_chunks"] += choice.unpromoted
         if self._probe(choice, start, end):
             return LoadChoice(load_end=end, load_s=choice.load_s, recompute_s=choice.recompute_s)
         skipped = sum(choice.skipped.values())
@@ -81,13 +89,14 @@ class LoadPolicy:
             if tier not in self._logged_slower:
                 self._logged_slower.add(tier)
                 log.info(
-                    "infera-kvd: recomputing a %d-token %s hit: loading it would take about %.1f ms, "
-                    "recomputing it %.1f ms (counted as load_skipped_slower_tokens_%s; "
+                    "infera-kvd: recomputing a %d-token %s hit: loading it would take about %.1f ms "
+                    "and save %.1f ms of forward time%s (counted as load_skipped_slower_tokens_%s; "
                     "INFERA_KVD_LOAD_POLICY=always loads every hit)",
                     n,
                     tier,
                     1000 * choice.load_s,
                     1000 * choice.recompute_s,
+                    "; not worth a RAM load either, so not promoted" if choice.unpromoted else "",
                     tier,
                 )
         return choice
@@ -108,7 +117,7 @@ class LoadPolicy:
         self.counters["load_probe_requests"] += 1
         log.info(
             "infera-kvd: loading a %d-token RAM hit to time it (probe %d of at most %d: the RAM rate "
-            "has %d samples; estimate %.1f ms against %.1f ms to recompute)",
+            "has %d samples; estimate %.1f ms against %.1f ms of forward time saved)",
             end - start,
             self._probes,
             PROBE_SAMPLES,
