@@ -212,7 +212,13 @@ def timed_hit(e: Engine, ids: list[int], retention: str | None = None) -> dict[s
         for k in (*LOAD_COUNTERS, *LAYERWISE_COUNTERS):
             r[k] = after.get(k, 0) - before.get(k, 0)
         now = scheduler_counters(e.model["path"])
-        for k in (*SKIPPED, "prewarm_chunks", "load_skipped_policy_tokens", "sched_us"):
+        for k in (
+            *SKIPPED,
+            "prewarm_chunks",
+            "prewarm_not_worth_chunks",
+            "load_skipped_policy_tokens",
+            "sched_us",
+        ):
             r[k] = now.get(k, 0) - sched.get(k, 0)
         r["skipped_tokens"] = sum(r[k] for k in SKIPPED) + r["load_skipped_policy_tokens"]
     return r
