@@ -21,6 +21,7 @@ CHECKS = "load_cost_checks"
 SLOWER = "load_skipped_slower_tokens_"  # + tier: hit tokens recomputed, loading judged slower
 BY_POLICY = "load_skipped_policy_tokens"  # hit tokens not loaded: INFERA_KVD_LOAD_POLICY=never
 PREWARMED = "prewarm_chunks"  # long-tier chunks the scheduler asked the daemon to promote
+UNPROMOTED = "prewarm_not_worth_chunks"  # judged slower, but not worth a RAM load either
 POLICY = "load_policy_"  # + policy: 1 for the one in use
 
 
@@ -40,6 +41,8 @@ def summary(counters: Mapping[str, Any]) -> str | None:
         parts.append(f"{count(counters[BY_POLICY]):,} tokens not loaded by policy")
     if count(counters.get(PREWARMED)):
         parts.append(f"{count(counters[PREWARMED]):,} chunks prewarmed")
+    if count(counters.get(UNPROMOTED)):
+        parts.append(f"{count(counters[UNPROMOTED]):,} chunks left in the long tier (too short to load)")
     rates = [
         f"{t} {rate:,.0f} MB/s"
         for t in TIERS

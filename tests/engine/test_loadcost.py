@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from infera import loadreport
 from infera.engine.vllm.config import parse_load_rates, read_env
 from infera.engine.vllm.scheduler.loadcost import (
     MAX_LOAD_GBPS,
@@ -194,6 +195,9 @@ def test_a_hit_not_worth_a_ram_load_is_not_promoted() -> None:
     assert policy.cut(0, 4 * CT, CT, {0, 1, 2, 3}, "disk", 4 * CT + 1).prewarm == []
     assert counters["prewarm_not_worth_chunks"] == 4
     assert counters["load_skipped_slower_tokens_disk"] == 4 * CT
+    counters.update(policy.report())
+    line = loadreport.summary(counters)
+    assert line is not None and "4 chunks left in the long tier (too short to load)" in line
 
 
 def test_a_hit_that_saves_less_than_the_margin_is_recomputed() -> None:
@@ -370,7 +374,6 @@ def test_the_environment_switch() -> None:
 
 
 def test_kvd_stat_and_top_show_the_skips() -> None:
-    from infera import loadreport
     from infera.kvd.statctl import render_text
     from infera.tui.panels import warning_lines
 

@@ -26,7 +26,7 @@ COUNTERS = (
     R.BY_POLICY,
     *(R.SLOWER + t for t in TIERS),
     R.PREWARMED,
-    "prewarm_not_worth_chunks",
+    R.UNPROMOTED,
     "prewarm_errors",
     "timing_load_samples",
     "timing_step_samples",
@@ -72,7 +72,7 @@ class LoadPolicy:
             tiers[c] = long_kind if c in long_chunks else "ram"
         choice = choose_load(self.policy, start, end, chunk_tokens, tiers, self.costs, prompt_tokens)
         self.counters[R.CHECKS] += 1
-        self.counters["prewarm_not_worth_chunks"] += choice.unpromoted
+        self.counters[R.UNPROMOTED] += choice.unpromoted
         if self._probe(choice, start, end):
             return LoadChoice(load_end=end, load_s=choice.load_s, recompute_s=choice.recompute_s)
         skipped = sum(choice.skipped.values())
