@@ -38,6 +38,7 @@ import sys
 import time
 from typing import Any
 
+from infera import loadreport as R
 from infera.bench.gpu_e2e_probe import (
     busiest,
     prewarmed_total,
@@ -193,7 +194,7 @@ LAYERWISE_COUNTERS = (
 )
 # a step without loads (the warm GPU hits), from bind_connector_metadata to wait_for_save
 STEP_COUNTERS = ("step_timed", "step_cpu_us", "step_gpu_us")
-SKIPPED = tuple(f"load_skipped_slower_tokens_{t}" for t in ("ram", "disk", "distributed"))
+SKIPPED = tuple(R.SLOWER + t for t in R.TIERS)
 
 
 def timed_hit(e: Engine, ids: list[int], retention: str | None = None) -> dict[str, Any]:
@@ -212,15 +213,9 @@ def timed_hit(e: Engine, ids: list[int], retention: str | None = None) -> dict[s
         for k in (*LOAD_COUNTERS, *LAYERWISE_COUNTERS):
             r[k] = after.get(k, 0) - before.get(k, 0)
         now = scheduler_counters(e.model["path"])
-        for k in (
-            *SKIPPED,
-            "prewarm_chunks",
-            "prewarm_not_worth_chunks",
-            "load_skipped_policy_tokens",
-            "sched_us",
-        ):
+        for k in (*SKIPPED, R.PREWARMED, R.UNPROMOTED, R.BY_POLICY, "sched_us"):
             r[k] = now.get(k, 0) - sched.get(k, 0)
-        r["skipped_tokens"] = sum(r[k] for k in SKIPPED) + r["load_skipped_policy_tokens"]
+        r["skipped_tokens"] = sum(r[k] for k in SKIPPED) + r[R.BY_POLICY]
     return r
 
 

@@ -75,6 +75,11 @@ def _ewma(old: float | None, new: float) -> float:
     return new if old is None else old + EWMA * (new - old)
 
 
+def margin(load_s: float) -> float:
+    """How much more than ``load_s`` a load must save to be chosen (see the module's notes)."""
+    return MIN_GAIN_S + MIN_GAIN_SHARE * load_s
+
+
 def bucket(tokens: int) -> int:
     """The power-of-two bucket of a step of ``tokens`` tokens."""
     return max(0, int(math.log2(max(1, tokens))))
@@ -141,9 +146,11 @@ class CostModel:
                 out.append((tokens, max(seconds, out[-1][1])))
         return out
 
-    def step_seconds(self, tokens: int) -> float:
-        """Expected forward time of a step of ``tokens`` tokens (``T(n)`` of the module's notes)."""
-        pts = self.step_points()
+    def step_seconds(self, tokens: int, pts: list[tuple[float, float]] | None = None) -> float:
+        """Expected forward time of a step of ``tokens`` tokens (``T(n)`` of the module's notes);
+        ``pts``: :meth:`step_points`, when the caller already has them."""
+        if pts is None:
+            pts = self.step_points()
         if len(pts) < 2:  # no step longer than a decode step measured yet: the warm-up rate
             base = pts[0][1] if pts else DEFAULT_STEP_BASE_S
             return base + max(0, tokens) / max(1e-6, self.prefill_tps)
@@ -158,7 +165,8 @@ class CostModel:
 
     def saved_seconds(self, computed: int, instead: int) -> float:
         """Forward time saved when a step computes ``instead`` tokens rather than ``computed``."""
-        return max(0.0, self.step_seconds(computed) - self.step_seconds(instead))
+        pts = self.step_points()
+        return max(0.0, self.step_seconds(computed, pts) - self.step_seconds(instead, pts))
 
     # -- measurements ------------------------------------------------------------------------
     def min_chunk_s(self) -> float:
@@ -293,7 +301,7 @@ def choose_load(
     for c in range(first, last):
         load_s += per_chunk[tier(c)]
         stop = min(end, (c + 1) * ct)
-        gain = (stop - start) * per_token - load_s - (MIN_GAIN_S + MIN_GAIN_SHARE * load_s)
+        gain = (stop - start) * per_token - load_s - margin(load_s)
         full_load = load_s
         if gain > best_gain:
             best_end, best_gain = stop, gain
@@ -314,6 +322,6 @@ def choose_load(
             out.prewarm.append(c)
     if out.prewarm:  # promote only what would then be loaded: the whole hit, from RAM
         ram_load = model.load_fixed_s + (last - first) * per_chunk["ram"]
-        if recompute_s - ram_load - (MIN_GAIN_S + MIN_GAIN_SHARE * ram_load) <= 0:
+        if recompute_s - ram_load - margin(ram_load) <= 0:
             out.unpromoted, out.prewarm = len(out.prewarm), []
     return out
